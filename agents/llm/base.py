@@ -1,0 +1,104 @@
+"""The one model interface: a batch of requests in, completions out in the same order."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+Purpose = Literal["act", "reflect", "judge", "other"]
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """Sampling settings. Never changed silently by a backend; ``max_tokens`` is always set."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_tokens: int = 100
+    stop: tuple[str, ...] = ("\n",)
+    seed: int | None = 0
+    n: int = 1
+
+    def __post_init__(self) -> None:
+        if self.max_tokens <= 0:
+            raise ValueError(f"max_tokens must be > 0, got {self.max_tokens}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
+
+
+@dataclass(frozen=True)
+class Message:
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+@dataclass(frozen=True)
+class Request:
+    """A completion-style ``prompt`` or chat ``messages`` (exactly one), with its sampling config.
+
+    ``side`` is a side channel a real model never sees (walkthrough, admissible commands, ids);
+    only scripted policies read it, and each says which keys it reads.
+    """
+
+    config: GenerationConfig
+    prompt: str | None = None
+    messages: tuple[Message, ...] | None = None
+    purpose: Purpose = "act"
+    side: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("a Request needs exactly one of prompt or messages")
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One answer. ``sent`` records what actually went over the wire (e.g. chat messages)."""
+
+    text: str
+    finish_reason: str = "stop"  # "stop" | "length" | "error" | backend-specific
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    latency_s: float = 0.0
+    retries: int = 0
+    sent: Any = None
+    alternatives: tuple[str, ...] = ()  # the other texts when n > 1
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A model. ``generate`` gets every pending request at once and answers in input order."""
+
+    name: str
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]: ...
+
+    def close(self) -> None: ...
+
+
+class BackendError(RuntimeError):
+    """A request failed for a reason outside the agent (network, server, quota) after retries.
+
+    The runner records it as an infrastructure error, never as the agent's failure.
+    """
+
+
+class MissingDependencyError(ImportError):
+    """An optional dependency of a backend is not installed; the message names the extra."""
+
+    def __init__(self, package: str, extra: str) -> None:
+        super().__init__(
+            f"{package} is not installed: run `pip install reflexsim[{extra}]` (or `pip install {package}`)"
+        )
+        self.package = package
+        self.extra = extra
+
+
+class SpecError(ValueError):
+    """A model spec string that names no backend."""

@@ -1,0 +1,26 @@
+"""Typed records of episodes and reflections, and the per-task sliding-window memory.
+
+Standard library only: every other package may import this one.
+"""
+
+from memory.records import (
+    Episode,
+    EpisodeStatus,
+    ExplorationFact,
+    FailureClass,
+    Reflection,
+    Step,
+    StepKind,
+)
+from memory.window import TaskMemory
+
+__all__ = [
+    "Episode",
+    "EpisodeStatus",
+    "ExplorationFact",
+    "FailureClass",
+    "Reflection",
+    "Step",
+    "StepKind",
+    "TaskMemory",
+]

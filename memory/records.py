@@ -1,0 +1,117 @@
+"""Records of what happened: steps, episodes, reflections, exploration facts.
+
+Records are frozen dataclasses; ``to_dict``/``from_dict`` give a JSON-safe form, so memory is
+always typed data and never text parsed back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Self
+
+
+class StepKind(StrEnum):
+    ACT = "act"  # an action sent to the env
+    THINK = "think"  # a thought; the env is not consulted, the observation is "OK."
+    INVALID = "invalid"  # empty/unparseable output; not sent to the env ("Nothing happens.")
+
+
+class EpisodeStatus(StrEnum):
+    RUNNING = "running"
+    DONE = "done"  # finished normally (won or failed)
+    ERROR = "error"  # the harness failed (backend/network/worker): not the agent's failure
+    INTERRUPTED = "interrupted"  # a worker died mid-episode; it is re-simulated or retried
+
+
+class FailureClass(StrEnum):
+    REPEATED_ACTION = "repeated_action"  # hallucination loop
+    TOO_LONG = "too_long"  # inefficient planning
+    STEP_CAP = "step_cap"  # hit the env's step limit
+    INVALID_ACTIONS = "invalid_actions"  # mostly inadmissible or unparseable actions
+    INFRA_ERROR = "infra_error"  # the harness, not the agent
+    OTHER = "other"
+
+
+class _Record:
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Self:
+        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        unknown = set(data) - names
+        if unknown:
+            raise ValueError(f"{cls.__name__}: unknown fields {sorted(unknown)}")
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class Step(_Record):
+    """One actor step: what the model said, what was executed, what the game answered."""
+
+    index: int
+    kind: str  # a StepKind value
+    raw_output: str  # the model's text, untrusted
+    action: str  # what was executed (after parsing and grounding); "" for invalid
+    observation: str
+    admissible: bool = True  # the executed action was in the admissible commands
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    latency_s: float = 0.0
+    reward: float = 0.0
+    won: bool = False
+    verdict: str | None = None  # evaluator verdict after this step, if it ended the episode
+
+
+@dataclass(frozen=True)
+class Reflection(_Record):
+    """A self-reflection written after a failed trial, with its provenance."""
+
+    task: str  # game id
+    trial: int
+    episode_id: str
+    model: str
+    prompt_hash: str
+    text: str  # the model's text, untrusted
+
+
+@dataclass(frozen=True)
+class ExplorationFact(_Record):
+    """Something the agent established about a place in an earlier trial of the same task."""
+
+    place: str  # e.g. "drawer 3"
+    contents: tuple[str, ...]  # what was seen there; empty means "nothing"
+    trial: int
+    opened: bool = False
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Self:
+        data = dict(data)
+        data["contents"] = tuple(data.get("contents", ()))
+        return super().from_dict(data)
+
+
+@dataclass(frozen=True)
+class Episode(_Record):
+    """One trial of one task: the steps and the outcome."""
+
+    episode_id: str
+    game: str
+    task_type: str
+    trial: int
+    arm: str
+    won: bool = False
+    status: str = EpisodeStatus.DONE.value
+    failure_class: str | None = None
+    steps: tuple[Step, ...] = field(default_factory=tuple)
+    judge_verdict: str | None = None  # LLM evaluator's opinion, never the success metric
+    error: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Self:
+        data = dict(data)
+        data["steps"] = tuple(Step.from_dict(s) for s in data.get("steps", ()))
+        return super().from_dict(data)
