@@ -162,10 +162,13 @@ class ALFWorldEnv(gym.Env[str, str]):
             data = load_game_data(record.path)
             try:
                 self._engine.load(data)
-            except Exception as exc:  # the engine's own parse errors are deep and cryptic
+            except (Exception, SystemExit) as exc:
+                # the engine's own parse errors are deep, cryptic and multi-line; fast-downward's
+                # translator even raises SystemExit on a bad problem
                 self._loaded = None
+                detail = " ".join(str(exc).split())[:120]
                 raise GameFileError(
-                    f"game file {str(record.path)!r} could not be loaded ({exc.__class__.__name__}: {str(exc)[:120]})"
+                    f"game file {str(record.path)!r} could not be loaded ({exc.__class__.__name__}: {detail}): re-download or regenerate it"
                 ) from exc
             self._loaded = game_id
             self._walkthrough = list(data["walkthrough"]) if data.get("walkthrough") else None
