@@ -94,10 +94,18 @@ def load_game_data(path: Path) -> dict[str, Any]:
     except FileNotFoundError:
         raise GameFileError(f"game file {str(path)!r} does not exist") from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise GameFileError(f"game file {str(path)!r} is not valid JSON ({exc.__class__.__name__}): re-download or regenerate it") from None
-    missing = [k for k in ("pddl_domain", "grammar", "pddl_problem") if not isinstance(data, dict) or k not in data]
+        raise GameFileError(
+            f"game file {str(path)!r} is not valid JSON ({exc.__class__.__name__}): re-download or regenerate it"
+        ) from None
+    missing = [
+        k
+        for k in ("pddl_domain", "grammar", "pddl_problem")
+        if not isinstance(data, dict) or k not in data
+    ]
     if missing:
-        raise GameFileError(f"game file {str(path)!r} lacks {', '.join(missing)}: it is not an ALFWorld game")
+        raise GameFileError(
+            f"game file {str(path)!r} lacks {', '.join(missing)}: it is not an ALFWorld game"
+        )
     return data
 
 
