@@ -1,0 +1,173 @@
+"""Pure functions that build prompts from records and template files.
+
+The actor prompt is append-only within an episode: ``prefix`` (instruction, two examples,
+memory) never changes, and each step appends ``"> action\\nobservation\\n>"``, so a prefix cache
+reuses nearly all of it from one step to the next.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from pathlib import Path
+
+from memory.records import ExplorationFact, Reflection
+
+TASK_TYPES = ("put", "clean", "heat", "cool", "examine", "puttwo")
+
+
+@cache
+def template(name: str) -> str:
+    """A prompt template shipped as package data (``agents/prompts/<name>.txt``)."""
+    return resources.files("agents.prompts").joinpath(f"{name}.txt").read_text()
+
+
+def template_hashes() -> dict[str, str]:
+    """sha256 of every template and example file, for the run manifest."""
+    root = resources.files("agents.prompts")
+    out: dict[str, str] = {}
+    for entry in sorted(root.iterdir(), key=lambda p: p.name):
+        if entry.name.endswith(".txt"):
+            out[entry.name] = sha256(entry.read_text())
+    examples = root.joinpath("examples")
+    for entry in sorted(examples.iterdir(), key=lambda p: p.name):
+        if entry.name.endswith(".json"):
+            out[f"examples/{entry.name}"] = sha256(entry.read_text())
+    return out
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class Example:
+    """A solved transcript: the first observation and the (action, observation) pairs."""
+
+    game: str
+    observation: str
+    steps: tuple[tuple[str, str], ...]
+
+    def text(self) -> str:
+        return render_transcript(self.observation, self.steps)
+
+
+def render_transcript(observation: str, steps: Sequence[tuple[str, str]]) -> str:
+    parts = [observation]
+    for action, obs in steps:
+        parts.append(f"\n> {action}\n{obs}")
+    return "".join(parts)
+
+
+@cache
+def _packaged_examples(name: str) -> dict[str, tuple[Example, ...]]:
+    raw = json.loads(resources.files("agents.prompts").joinpath("examples", f"{name}.json").read_text())
+    return {
+        kind: tuple(
+            Example(e["game"], e["observation"], tuple((s["action"], s["observation"]) for s in e["steps"]))
+            for e in items
+        )
+        for kind, items in raw.items()
+    }
+
+
+def example_texts(task_type: str, prompts_file: str | Path | None = None) -> tuple[str, str]:
+    """The two example transcripts for a task type, from the package or an original prompt file."""
+    if prompts_file is not None:
+        return load_original_prompts(prompts_file)[task_type]
+    family = "textworld" if task_type == "textworld" else "alfworld"
+    examples = _packaged_examples(family).get(task_type)
+    if not examples or len(examples) < 2:
+        raise ValueError(f"no few-shot examples for task type {task_type!r}")
+    return examples[0].text(), examples[1].text()
+
+
+def load_original_prompts(path: str | Path) -> dict[str, tuple[str, str]]:
+    """Read the original ReAct prompt-file format: a JSON of ``react_<type>_<k>`` transcripts.
+
+    Returns, per task type, the two transcripts in the order the original Reflexion code used
+    (``_1`` then ``_0``). The transcripts are used verbatim.
+    """
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read prompt file {str(path)!r}: {exc.__class__.__name__}") from None
+    found: dict[str, dict[int, str]] = {}
+    for key, value in data.items() if isinstance(data, dict) else ():
+        m = re.fullmatch(r"react_(\w+?)_(\d+)", key)
+        if m and isinstance(value, str):
+            found.setdefault(m.group(1), {})[int(m.group(2))] = value.strip("\n")
+    out = {k: (v[1], v[0]) for k, v in found.items() if 0 in v and 1 in v}
+    if not out:
+        raise ValueError(f"prompt file {str(path)!r} has no react_<type>_0/_1 pairs")
+    return out
+
+
+def memory_block(reflections: Sequence[Reflection], facts: Sequence[ExplorationFact] = ()) -> str:
+    """The memory section shown between the examples and the task; '' when empty."""
+    parts: list[str] = []
+    if reflections:
+        items = "".join(
+            template("memory_item").format(trial=r.trial, text=r.text.strip()) for r in reflections
+        )
+        parts.append(template("memory_block").format(reflections=items.rstrip("\n")))
+    if facts:
+        parts.append(template("explore_block").format(facts=render_facts(facts)))
+    return "".join(parts)
+
+
+def render_facts(facts: Sequence[ExplorationFact]) -> str:
+    lines = []
+    for f in facts:
+        seen = ", ".join(f.contents) if f.contents else "nothing"
+        lines.append(f"- {f.place}: {seen}")
+    return "\n".join(lines)
+
+
+def actor_prefix(
+    examples: Sequence[str],
+    reflections: Sequence[Reflection] = (),
+    facts: Sequence[ExplorationFact] = (),
+) -> str:
+    """Instruction, the examples, the memory block, then the task header."""
+    body = "\n\n".join(e.strip("\n") for e in examples)
+    return (
+        template("react_instruction")
+        + body
+        + "\n\n"
+        + memory_block(reflections, facts)
+        + template("task_header")
+    )
+
+
+def actor_prompt(prefix: str, observation: str, history: Sequence[tuple[str, str]]) -> str:
+    """The whole prompt of the next step. Ends with '>' (a trailing space derails small models)."""
+    return prefix + render_transcript(observation, history) + "\n>"
+
+
+def reflection_prompt(observation: str, history: Sequence[tuple[str, str]]) -> str:
+    return template("reflection").format(
+        examples=template("reflection_examples").strip("\n"),
+        transcript=render_transcript(observation, history),
+    )
+
+
+def judge_prompt(observation: str, history: Sequence[tuple[str, str]]) -> str:
+    return template("judge").format(transcript=render_transcript(observation, history))
+
+
+def parse_judge(text: str) -> tuple[str, str]:
+    """('success' | 'failure' | 'unclear', reason) from a judge's free text."""
+    stripped = text.strip()
+    head = stripped.split(None, 1)[0].strip(".:,").upper() if stripped else ""
+    reason = stripped[len(head) :].strip(" .:-") if head else ""
+    if head == "SUCCESS":
+        return "success", reason
+    if head == "FAILURE":
+        return "failure", reason
+    return "unclear", stripped[:200]
