@@ -1,0 +1,547 @@
+"""Run many episodes at once: envs in worker processes, stepped concurrently.
+
+``EnvPool`` keeps ``slots`` episodes in flight on ``workers`` processes. Slot ``s`` lives on
+worker ``s % workers``, which keeps one env per slot it serves and reuses it across that slot's
+games: memory stays flat however many games are played (an ALFWorld engine holds its own copy of
+fast-downward's library, so engines are never created per game), and a slot never has to reload
+and replay its game when another slot on the same worker moves. The default is one slot per
+worker.
+
+Every call has a timeout. A worker that dies or overruns it is killed and replaced by a fresh one;
+each episode it held is reported as a ``WorkerCrashed`` carrying the actions the episode had taken
+(the pool records them per slot since the last reset), so the caller can re-simulate it with
+``reset(slot, game, replay=crash.actions)`` and carry on. ``SyncEnvPool`` has the same API and runs
+the envs in-process, so a runner has one code path for 1 worker, debugging and tests.
+
+Workers import nothing heavy until an env needs it: ``envs.alfworld_env`` loads TextWorld on the
+first reset.
+"""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing
+import os
+import pickle
+import signal
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Any, Literal, Self
+
+from envs.errors import EnvError
+
+# Env kinds a spec may name; any other kind must be "module:callable" returning a gymnasium.Env.
+KINDS: dict[str, str] = {
+    "alfworld": "envs.alfworld_env:ALFWorldEnv",
+    "textworld": "envs.textworld_env:TextWorldEnv",
+}
+# A fresh worker gets at least this long to start (spawning an interpreter on a busy machine).
+START_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """How a worker builds its env: a kind ("alfworld", "textworld" or "module:callable") and the
+    constructor's keyword arguments (data_dir, split, task_types, max_steps, ...). Picklable."""
+
+    kind: str
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # a plain dict pickles whatever Mapping the caller passed
+        object.__setattr__(self, "kwargs", dict(self.kwargs))
+
+    def build(self) -> Any:
+        """Construct the env this spec describes (imports its module now)."""
+        return resolve_kind(self.kind)(**self.kwargs)
+
+
+@dataclass(frozen=True)
+class Reset:
+    """A reset request for a batched call: start ``game`` (None: the seed picks one), then
+    re-simulate ``replay`` so the reply is the state after those actions."""
+
+    game: str | None = None
+    seed: int | None = None
+    replay: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.replay, str):
+            raise EnvError("replay must be a sequence of actions, not one string")
+        object.__setattr__(self, "replay", tuple(str(a) for a in self.replay))
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """The reply to a reset or step. After a reset, reward is 0.0 and both flags are False
+    (unless replayed actions ended the episode: then they are the last replayed step's)."""
+
+    observation: str
+    reward: float
+    terminated: bool
+    truncated: bool
+    info: dict[str, Any]
+
+
+class WorkerCrashed(Exception):
+    """The worker holding this slot's episode died or timed out; the episode is lost.
+
+    ``actions`` are the actions it had completed (re-simulate them with
+    ``reset(slot, game, replay=actions)``); ``pending`` is the action that was in flight, if any
+    (its outcome is unknown: retry it after the replay).
+    """
+
+    def __init__(
+        self,
+        slot: int,
+        actions: Sequence[str],
+        reason: str,
+        game: str | None = None,
+        pending: str | None = None,
+    ) -> None:
+        self.slot = slot
+        self.actions: tuple[str, ...] = tuple(actions)
+        self.reason = reason
+        self.game = game
+        self.pending = pending
+        super().__init__(
+            f"slot {slot}: {reason}; the episode ({game or 'no game'}) was interrupted after "
+            f"{len(self.actions)} actions: re-simulate it with reset(slot, game, replay=actions)"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.slot, self.actions, self.reason, self.game, self.pending))
+
+
+Call = str | Reset  # a step's action, or a reset
+Outcome = StepResult | Exception  # a WorkerCrashed, or the exception the env raised
+
+
+def resolve_kind(kind: str) -> Callable[..., Any]:
+    """The env constructor a kind names; a clear EnvError if it cannot be found."""
+    target = KINDS.get(kind, kind)
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise EnvError(
+            f"unknown env kind {kind!r}: use one of {', '.join(KINDS)} or 'module:callable'"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise EnvError(f"env kind {kind!r}: cannot import {module_name!r} ({exc})") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise EnvError(f"env kind {kind!r}: {module_name!r} has no callable {attr!r}")
+    return factory  # type: ignore[no-any-return]
+
+
+# -- what both pools share ---------------------------------------------------------------------
+class _Episodes:
+    """Per-slot bookkeeping in the parent: the game and the actions since the last reset."""
+
+    def __init__(self, slots: int) -> None:
+        self.games: list[str | None] = [None] * slots
+        self.actions: list[list[str] | None] = [None] * slots  # None: no episode in this slot
+        self.lost: list[str | None] = [None] * slots  # why the episode was lost, if it was
+
+    def check(self, slot: int, call: Call) -> Exception | None:
+        """An error to answer at once instead of sending the call, or None."""
+        if isinstance(call, Reset):
+            return None
+        if self.lost[slot] is not None:
+            return self.crashed(slot, str(self.lost[slot]), pending=call)
+        if self.actions[slot] is None:
+            return EnvError(f"slot {slot} has no episode: call reset(slot, game) before step")
+        return None
+
+    def crashed(self, slot: int, reason: str, pending: Call | None) -> WorkerCrashed:
+        if isinstance(pending, Reset):
+            # the reset never finished: report what it was asked to replay
+            return WorkerCrashed(slot, pending.replay, reason, pending.game, None)
+        return WorkerCrashed(slot, self.actions[slot] or (), reason, self.games[slot], pending)
+
+    def record(self, slot: int, call: Call, outcome: Outcome) -> None:
+        if isinstance(outcome, WorkerCrashed):
+            self.lost[slot] = outcome.reason
+            return
+        if isinstance(call, Reset):
+            self.lost[slot] = None
+            if isinstance(outcome, StepResult):
+                self.actions[slot] = list(call.replay)
+                self.games[slot] = str(outcome.info.get("game", call.game))
+            else:  # a failed reset leaves no episode to step
+                self.actions[slot] = None
+                self.games[slot] = None
+            return
+        if isinstance(outcome, StepResult):
+            actions = self.actions[slot]
+            assert actions is not None
+            actions.append(call)
+
+
+def _check_calls(calls: Mapping[int, Call], slots: int) -> None:
+    for slot, call in calls.items():
+        if not isinstance(slot, int) or not 0 <= slot < slots:
+            raise EnvError(f"slot {slot!r} is out of range: this pool has slots 0..{slots - 1}")
+        if not isinstance(call, (str, Reset)):
+            raise EnvError(f"slot {slot}: a call is an action string or a Reset, got {call!r}")
+
+
+def _apply(envs: dict[int, Any], spec: EnvSpec, slot: int, call: Call) -> StepResult:
+    """Run one call against the slot's env (built on its first reset)."""
+    if isinstance(call, Reset):
+        env = envs.get(slot)
+        if env is None:
+            env = envs[slot] = spec.build()
+        options = {"game": call.game} if call.game is not None else None
+        obs, info = env.reset(seed=call.seed, options=options)
+        result = StepResult(obs, 0.0, False, False, dict(info))
+        for action in call.replay:
+            result = StepResult(*env.step(action))
+        return result
+    env = envs.get(slot)
+    if env is None:
+        raise EnvError(f"slot {slot} has no env: call reset(slot, game) before step")
+    return StepResult(*env.step(call))
+
+
+class _PoolAPI:
+    """The calls both pools offer, on top of ``call_many``."""
+
+    slots: int
+
+    def call_many(self, calls: Mapping[int, Call]) -> dict[int, Outcome]:
+        raise NotImplementedError
+
+    def reset(
+        self, slot: int, game: str | None, seed: int | None = None, replay: Sequence[str] = ()
+    ) -> StepResult:
+        """Start ``game`` in ``slot`` (re-simulating ``replay`` first); raises on failure."""
+        return _raise_or_return(self.call_many({slot: Reset(game, seed, tuple(replay))})[slot])
+
+    def step(self, slot: int, action: str) -> StepResult:
+        """One step in one slot; raises WorkerCrashed or the env's own error."""
+        return _raise_or_return(self.call_many({slot: action})[slot])
+
+    def step_many(self, actions: Mapping[int, str]) -> dict[int, Outcome]:
+        """Step all given slots concurrently; returns when all answered or timed out."""
+        return self.call_many(actions)
+
+    def reset_many(self, resets: Mapping[int, Reset]) -> dict[int, Outcome]:
+        """Reset all given slots concurrently."""
+        return self.call_many(resets)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+def _raise_or_return(outcome: Outcome) -> StepResult:
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome
+
+
+# -- in-process -----------------------------------------------------------------------------------
+class SyncEnvPool(_PoolAPI):
+    """The pool's API with the envs in this process, one per slot, called one after another.
+
+    No timeout applies and nothing can crash; use it for a single worker, debugging and tests.
+    """
+
+    def __init__(self, spec: EnvSpec, slots: int = 1) -> None:
+        if slots < 1:
+            raise EnvError(f"slots must be >= 1, got {slots}")
+        resolve_kind(spec.kind)
+        self.spec = spec
+        self.slots = slots
+        self._envs: dict[int, Any] = {}
+        self._episodes = _Episodes(slots)
+
+    def call_many(self, calls: Mapping[int, Call]) -> dict[int, Outcome]:
+        """Run resets (``Reset``) and steps (action strings) for the given slots."""
+        _check_calls(calls, self.slots)
+        out: dict[int, Outcome] = {}
+        for slot, call in calls.items():
+            early = self._episodes.check(slot, call)
+            if early is not None:
+                out[slot] = early
+                continue
+            try:
+                out[slot] = _apply(self._envs, self.spec, slot, call)
+            except Exception as exc:
+                out[slot] = exc
+            self._episodes.record(slot, call, out[slot])
+        return out
+
+    def actions(self, slot: int) -> tuple[str, ...]:
+        """The actions slot's episode has taken since its last reset."""
+        return tuple(self._episodes.actions[slot] or ())
+
+    def close(self) -> None:
+        for env in self._envs.values():
+            env.close()
+        self._envs.clear()
+
+
+# -- worker processes -----------------------------------------------------------------------------
+def _portable(exc: Exception) -> Exception:
+    """The exception itself if it survives pickling, else a RuntimeError naming it."""
+    if not isinstance(exc, EnvError):
+        # an unexpected error: keep the worker's traceback for whoever debugs it
+        exc.add_note("in the env worker:\n" + "".join(traceback.format_exception(exc)))
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        portable = RuntimeError(f"{type(exc).__name__}: {exc}")
+        for note in getattr(exc, "__notes__", ()):
+            portable.add_note(note)
+        return portable
+
+
+def _worker_main(conn: Connection, spec: EnvSpec) -> None:
+    """A worker's loop: answer each call of a batch in order, one message per call."""
+    # Ctrl-C reaches the whole process group; the parent decides what happens to workers.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    envs: dict[int, Any] = {}
+    conn.send(("ready", os.getpid()))
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):  # the parent is gone
+            break
+        if message[0] == "close":
+            break
+        for slot, call in message[1]:
+            try:
+                reply: tuple[Any, ...] = ("ok", slot, _apply(envs, spec, slot, call))
+            except Exception as exc:
+                reply = ("err", slot, _portable(exc))
+            try:
+                conn.send(reply)
+            except (EOFError, OSError):
+                return
+    for env in envs.values():
+        try:
+            env.close()
+        except Exception:
+            pass
+
+
+class _Worker:
+    def __init__(self, ctx: Any, spec: EnvSpec, index: int) -> None:
+        parent_end, child_end = ctx.Pipe(duplex=True)
+        self.process = ctx.Process(
+            target=_worker_main,
+            args=(child_end, spec),
+            name=f"reflexsim-env-{index}",
+            daemon=True,
+        )
+        self.process.start()
+        child_end.close()  # so that the worker's death reads as EOF here
+        self.conn: Connection = parent_end
+        self.started = time.monotonic()
+        self.ready = False
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    def kill(self) -> None:
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(5.0)
+        self.conn.close()
+
+
+class EnvPool(_PoolAPI):
+    """Envs in ``workers`` processes, ``slots`` episodes in flight (default: one per worker).
+
+    Calls to different workers run concurrently. ``timeout_s`` bounds each call: a worker that
+    does not answer in time, or dies, is killed and replaced; its episodes become
+    ``WorkerCrashed`` (now, or on the slot's next call) and the other slots carry on.
+    """
+
+    def __init__(
+        self,
+        spec: EnvSpec,
+        workers: int,
+        timeout_s: float = 60.0,
+        start_method: Literal["spawn", "forkserver"] | None = None,
+        slots: int | None = None,
+    ) -> None:
+        if workers < 1:
+            raise EnvError(f"workers must be >= 1, got {workers}")
+        if not timeout_s > 0:
+            raise EnvError(f"timeout_s must be > 0, got {timeout_s}")
+        slots = workers if slots is None else slots
+        if slots < 1:
+            raise EnvError(f"slots must be >= 1, got {slots}")
+        if start_method is None:
+            methods = multiprocessing.get_all_start_methods()
+            start_method = "forkserver" if "forkserver" in methods else "spawn"
+        if start_method not in ("spawn", "forkserver"):
+            # fork would copy the parent's threads and locks (HTTP clients, model backends)
+            raise EnvError(f"start_method must be 'spawn' or 'forkserver', got {start_method!r}")
+        resolve_kind(spec.kind)  # fail here, not in every worker
+        pickle.dumps(spec)
+        self.spec = spec
+        self.workers = workers
+        self.slots = slots
+        self.timeout_s = float(timeout_s)
+        self.restarts = 0
+        self._ctx = multiprocessing.get_context(start_method)
+        self._episodes = _Episodes(slots)
+        self._workers: list[_Worker] = [_Worker(self._ctx, spec, i) for i in range(workers)]
+        self._closed = False
+
+    # -- public --------------------------------------------------------------------------
+    def worker_of(self, slot: int) -> int:
+        """The index of the worker that serves ``slot``."""
+        return slot % self.workers
+
+    def pid(self, slot: int) -> int | None:
+        """The process id of the worker that serves ``slot`` now."""
+        return self._workers[self.worker_of(slot)].pid
+
+    def actions(self, slot: int) -> tuple[str, ...]:
+        """The actions slot's episode has taken since its last reset."""
+        return tuple(self._episodes.actions[slot] or ())
+
+    def call_many(self, calls: Mapping[int, Call]) -> dict[int, Outcome]:
+        """Run resets (``Reset``) and steps (action strings) for the given slots concurrently;
+        returns once every call is answered, failed or timed out."""
+        if self._closed:
+            raise EnvError("this EnvPool is closed: create a new one")
+        _check_calls(calls, self.slots)
+        out: dict[int, Outcome] = {}
+        batches: dict[int, list[tuple[int, Call]]] = {}
+        for slot, call in calls.items():
+            early = self._episodes.check(slot, call)
+            if early is not None:
+                out[slot] = early
+            else:
+                batches.setdefault(self.worker_of(slot), []).append((slot, call))
+
+        pending: dict[int, deque[tuple[int, Call]]] = {}
+        progress: dict[int, float] = {}
+        for index, batch in batches.items():
+            pending[index] = deque(batch)
+            progress[index] = time.monotonic()
+            try:
+                # one message per worker per call_many: the worker reads it whole before it
+                # answers, so neither side can block the other on a full pipe
+                self._workers[index].conn.send(("batch", batch))
+            except (OSError, EOFError):
+                self._replace(index, "died", pending, out)
+
+        while pending:
+            # a worker's pipe (answers) and its sentinel (death) both wake us
+            sources: dict[Any, int] = {}
+            for i in pending:
+                sources[self._workers[i].conn] = i
+                sources[self._workers[i].process.sentinel] = i
+            now = time.monotonic()
+            deadline = min(self._deadline(i, progress[i]) for i in pending)
+            for obj in wait(list(sources), timeout=max(0.0, deadline - now)):
+                index = sources[obj]
+                if index not in pending:
+                    continue
+                if not self._drain(index, pending, progress, out):
+                    self._replace(index, "died", pending, out)
+            now = time.monotonic()
+            for index in list(pending):
+                if now >= self._deadline(index, progress[index]):
+                    limit = self.timeout_s if self._workers[index].ready else START_TIMEOUT_S
+                    self._replace(index, f"timed out (no answer within {limit:g}s)", pending, out)
+        return {slot: out[slot] for slot in calls}
+
+    def close(self) -> None:
+        """Stop every worker (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        for worker in self._workers:
+            try:
+                worker.conn.send(("close",))
+            except (OSError, EOFError):
+                pass
+        for worker in self._workers:
+            worker.process.join(5.0)
+            worker.kill()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # -- internals -----------------------------------------------------------------------
+    def _deadline(self, index: int, progress: float) -> float:
+        worker = self._workers[index]
+        if not worker.ready:
+            return worker.started + max(self.timeout_s, START_TIMEOUT_S)
+        return progress + self.timeout_s
+
+    def _drain(
+        self,
+        index: int,
+        pending: dict[int, deque[tuple[int, Call]]],
+        progress: dict[int, float],
+        out: dict[int, Outcome],
+    ) -> bool:
+        """Read every message the worker has sent; False if it is dead."""
+        worker = self._workers[index]
+        try:
+            while index in pending and worker.conn.poll():
+                message = worker.conn.recv()
+                progress[index] = time.monotonic()
+                if message[0] == "ready":
+                    worker.ready = True
+                    continue
+                kind, slot, payload = message
+                expected, call = pending[index].popleft()
+                assert slot == expected, (slot, expected)
+                out[slot] = payload
+                self._episodes.record(slot, call, payload)
+                if not pending[index]:
+                    del pending[index]
+        except (EOFError, OSError):
+            return False
+        return index not in pending or worker.process.is_alive()
+
+    def _replace(
+        self,
+        index: int,
+        reason: str,
+        pending: dict[int, deque[tuple[int, Call]]],
+        out: dict[int, Outcome],
+    ) -> None:
+        """Kill worker ``index``, fail the calls it held, and start a fresh one."""
+        old = self._workers[index]
+        old.kill()
+        code = old.process.exitcode
+        if reason == "died" and code is not None and code < 0:
+            reason = f"died (signal {-code})"
+        elif reason == "died" and code is not None:
+            reason = f"died (exit code {code})"
+        reason = f"env worker {old.pid} {reason}"
+        for slot, call in pending.pop(index, ()):
+            out[slot] = self._episodes.crashed(slot, reason, call)
+            self._episodes.record(slot, call, out[slot])
+        # every other episode on that worker went with it
+        for slot in range(index, self.slots, self.workers):
+            if self._episodes.actions[slot] is not None and self._episodes.lost[slot] is None:
+                self._episodes.lost[slot] = reason
+        self._workers[index] = _Worker(self._ctx, self.spec, index)
+        self.restarts += 1
