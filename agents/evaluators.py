@@ -58,7 +58,9 @@ class PaperEvaluator:
             )
         n = count_actions(steps, self.count_thoughts)
         if n > self.max_actions:
-            return Verdict(True, f"more than {self.max_actions} actions ({n})", FailureClass.TOO_LONG.value)
+            return Verdict(
+                True, f"more than {self.max_actions} actions ({n})", FailureClass.TOO_LONG.value
+            )
         return None
 
 

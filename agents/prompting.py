@@ -66,10 +66,16 @@ def render_transcript(observation: str, steps: Sequence[tuple[str, str]]) -> str
 
 @cache
 def _packaged_examples(name: str) -> dict[str, tuple[Example, ...]]:
-    raw = json.loads(resources.files("agents.prompts").joinpath("examples", f"{name}.json").read_text())
+    raw = json.loads(
+        resources.files("agents.prompts").joinpath("examples", f"{name}.json").read_text()
+    )
     return {
         kind: tuple(
-            Example(e["game"], e["observation"], tuple((s["action"], s["observation"]) for s in e["steps"]))
+            Example(
+                e["game"],
+                e["observation"],
+                tuple((s["action"], s["observation"]) for s in e["steps"]),
+            )
             for e in items
         )
         for kind, items in raw.items()
@@ -96,7 +102,9 @@ def load_original_prompts(path: str | Path) -> dict[str, tuple[str, str]]:
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
-        raise ValueError(f"cannot read prompt file {str(path)!r}: {exc.__class__.__name__}") from None
+        raise ValueError(
+            f"cannot read prompt file {str(path)!r}: {exc.__class__.__name__}"
+        ) from None
     found: dict[str, dict[int, str]] = {}
     for key, value in data.items() if isinstance(data, dict) else ():
         m = re.fullmatch(r"react_(\w+?)_(\d+)", key)

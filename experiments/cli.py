@@ -6,8 +6,11 @@ The only place that reads argv and turns errors into exit codes.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 USAGE_ERROR = 2
 
@@ -17,22 +20,136 @@ Handler = Callable[[argparse.Namespace], int]
 def _games_generate(args: argparse.Namespace) -> int:
     from envs.alfgen import generate
 
-    paths = generate(args.out, per_type=args.per_type, seed=args.seed, task_types=args.task_types, split=args.split)
+    paths = generate(
+        args.out,
+        per_type=args.per_type,
+        seed=args.seed,
+        task_types=args.task_types,
+        split=args.split,
+    )
     print(f"wrote {len(paths)} games under {args.out}")
     return 0
 
 
+def _run(args: argparse.Namespace) -> int:
+    from experiments.config import resolve
+    from experiments.runner import plan, run
+
+    base = None
+    if args.resume:
+        from experiments.store import RunStore
+
+        store = RunStore(args.resume, readonly=True)
+        try:
+            manifest = store.get_meta("manifest") or {}
+        finally:
+            store.close()
+        base = manifest.get("config")
+    cfg = resolve(args, base)
+    if args.dry_run:
+        print(json.dumps(plan(cfg), indent=1, default=str))
+        return 0
+    run_dir = run(cfg, resume=args.resume, force=args.force)
+    report = _write_report_if_available(run_dir)
+    print(f"run: {run_dir}")
+    if report is not None:
+        print(f"report: {report}")
+    return 0
+
+
+def _write_report_if_available(run_dir: Path) -> Path | None:
+    try:
+        from experiments.report import write_report
+    except ImportError:
+        return None
+    return write_report([run_dir])
+
+
+def _export(args: argparse.Namespace) -> int:
+    from experiments.export import export
+
+    for path in export(Path(args.run_dir), args.format, Path(args.out) if args.out else None):
+        print(path)
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from experiments.report import write_report
+
+    out = write_report([Path(d) for d in args.run_dirs], Path(args.out) if args.out else None)
+    print(out)
+    return 0
+
+
+def _view(args: argparse.Namespace) -> int:
+    from experiments.viewer import serve
+
+    server = serve(Path(args.run_dir), host=args.host, port=args.port)
+    print(f"serving {args.run_dir} at {server.url} (Ctrl-C to stop)")
+    try:
+        while True:
+            time.sleep(3600)
+    finally:
+        server.shutdown()
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from experiments.replay import replay
+
+    replay(Path(args.run_dir), args.game, args.trial, sys.stdout)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from experiments.config import add_run_arguments
+
     parser = argparse.ArgumentParser(prog="reflexsim", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    games = sub.add_parser("games", help="make or list games").add_subparsers(dest="games_command", required=True)
-    gen = games.add_parser("generate", help="generate new ALFWorld games in the $ALFWORLD_DATA layout")
+    run = sub.add_parser("run", help="run a Reflexion experiment (same as run_alfworld.py)")
+    add_run_arguments(run)
+    run.set_defaults(handler=_run)
+
+    exp = sub.add_parser("export", help="write a run's episodes and steps as JSONL or CSV")
+    exp.add_argument("run_dir")
+    exp.add_argument("--format", choices=("jsonl", "csv"), default="jsonl")
+    exp.add_argument("--out", help="output dir (default: RUN_DIR/export)")
+    exp.set_defaults(handler=_export)
+
+    rep = sub.add_parser("report", help="summary.json, plots and tables of one or more runs")
+    rep.add_argument("run_dirs", nargs="+")
+    rep.add_argument("--out", help="output dir (default: FIRST_RUN_DIR/report)")
+    rep.set_defaults(handler=_report)
+
+    view = sub.add_parser("view", help="serve the replay viewer on 127.0.0.1")
+    view.add_argument("run_dir")
+    view.add_argument("--host", default="127.0.0.1")
+    view.add_argument("--port", type=int, default=8765)
+    view.set_defaults(handler=_view)
+
+    rp = sub.add_parser("replay", help="replay one episode in the terminal")
+    rp.add_argument("run_dir")
+    rp.add_argument("--game", required=True, help="game id")
+    rp.add_argument("--trial", type=int, default=0)
+    rp.set_defaults(handler=_replay)
+
+    games = sub.add_parser("games", help="make or list games").add_subparsers(
+        dest="games_command", required=True
+    )
+    gen = games.add_parser(
+        "generate", help="generate new ALFWorld games in the $ALFWORLD_DATA layout"
+    )
     gen.add_argument("--out", required=True, help="data root to write into")
     gen.add_argument("--per-type", type=int, default=5, help="games per task type")
     gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--task-types", nargs="+", default=None, help="subset: put clean heat cool examine puttwo")
-    gen.add_argument("--split", default="train", help="split folder to write (train, eval_in_distribution, eval_out_of_distribution)")
+    gen.add_argument(
+        "--task-types", nargs="+", default=None, help="subset: put clean heat cool examine puttwo"
+    )
+    gen.add_argument(
+        "--split",
+        default="train",
+        help="split folder to write (train, eval_in_distribution, eval_out_of_distribution)",
+    )
     gen.set_defaults(handler=_games_generate)
     return parser
 
@@ -58,7 +175,9 @@ def _is_user_error(exc: BaseException) -> bool:
     from envs.errors import EnvError
     from experiments.errors import ConfigError, RunStoreError
 
-    return isinstance(exc, EnvError | ConfigError | RunStoreError | SpecError | MissingDependencyError)
+    return isinstance(
+        exc, EnvError | ConfigError | RunStoreError | SpecError | MissingDependencyError
+    )
 
 
 if __name__ == "__main__":

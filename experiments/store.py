@@ -139,26 +139,35 @@ def episode_id(game: str, trial: int) -> str:
 class RunStore:
     """Read/write access to one run's database. Writes are committed immediately."""
 
-    def __init__(self, run_dir: str | Path, *, create: bool = False, readonly: bool = False) -> None:
+    def __init__(
+        self, run_dir: str | Path, *, create: bool = False, readonly: bool = False
+    ) -> None:
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / DB_NAME
         if create:
             try:
                 self.run_dir.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
-                raise RunStoreError(f"cannot create run dir {str(self.run_dir)!r}: {exc.strerror}") from None
+                raise RunStoreError(
+                    f"cannot create run dir {str(self.run_dir)!r}: {exc.strerror}"
+                ) from None
         elif not self.path.is_file():
             raise RunStoreError(f"{str(self.run_dir)!r} is not a run directory (no {DB_NAME})")
         if readonly:
             uri = f"file:{self.path}?mode=ro"
-            self.conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+            self.conn = sqlite3.connect(
+                uri, uri=True, isolation_level=None, check_same_thread=False
+            )
         else:
-            self.conn = sqlite3.connect(self.path, isolation_level=None, timeout=30, check_same_thread=False)
+            self.conn = sqlite3.connect(
+                self.path, isolation_level=None, timeout=30, check_same_thread=False
+            )
             self.conn.execute("PRAGMA journal_mode=WAL")
             self.conn.execute("PRAGMA synchronous=NORMAL")
             self.conn.executescript(SCHEMA)
             self.conn.execute(
-                "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+                "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)",
+                (str(SCHEMA_VERSION),),
             )
         self.conn.row_factory = sqlite3.Row
 
@@ -210,7 +219,7 @@ class RunStore:
         )  # fmt: skip
 
     def add_step(self, episode: str, step: Step) -> None:
-        values = [getattr(step, "index")] + [getattr(step, c) for c in STEP_COLUMNS[1:]]
+        values = [step.index] + [getattr(step, c) for c in STEP_COLUMNS[1:]]
         self.conn.execute(
             f"INSERT INTO steps(episode_id, {', '.join(STEP_COLUMNS)}, created_at)"
             f" VALUES (?, {', '.join('?' * len(STEP_COLUMNS))}, ?)",
@@ -240,7 +249,9 @@ class RunStore:
         )
 
     def mark_resimulated(self, episode: str) -> None:
-        self.conn.execute("UPDATE episodes SET resimulated = resimulated + 1 WHERE episode_id=?", (episode,))
+        self.conn.execute(
+            "UPDATE episodes SET resimulated = resimulated + 1 WHERE episode_id=?", (episode,)
+        )
 
     def retry_episode(self, episode: str) -> None:
         """Forget an errored episode's steps so it is played again from the start."""
@@ -272,7 +283,8 @@ class RunStore:
 
     def steps(self, episode: str) -> list[Step]:
         rows = self.conn.execute(
-            f"SELECT {', '.join(STEP_COLUMNS)} FROM steps WHERE episode_id=? ORDER BY idx", (episode,)
+            f"SELECT {', '.join(STEP_COLUMNS)} FROM steps WHERE episode_id=? ORDER BY idx",
+            (episode,),
         ).fetchall()
         out = []
         for r in rows:
@@ -284,7 +296,9 @@ class RunStore:
         return out
 
     # -- reflections -----------------------------------------------------------------------
-    def add_reflection(self, r: Reflection, prompt_tokens: int = 0, completion_tokens: int = 0) -> None:
+    def add_reflection(
+        self, r: Reflection, prompt_tokens: int = 0, completion_tokens: int = 0
+    ) -> None:
         self.conn.execute(
             "INSERT OR IGNORE INTO reflections(task, trial, episode_id, model, prompt_hash, text,"
             " prompt_tokens, completion_tokens, created_at) VALUES (?,?,?,?,?,?,?,?,?)",
@@ -295,7 +309,9 @@ class RunStore:
     def reflections(self, task: str | None = None) -> list[Reflection]:
         cols = "task, trial, episode_id, model, prompt_hash, text"
         if task is None:
-            rows = self.conn.execute(f"SELECT {cols} FROM reflections ORDER BY task, trial").fetchall()
+            rows = self.conn.execute(
+                f"SELECT {cols} FROM reflections ORDER BY task, trial"
+            ).fetchall()
         else:
             rows = self.conn.execute(
                 f"SELECT {cols} FROM reflections WHERE task=? ORDER BY trial", (task,)
@@ -326,7 +342,9 @@ class RunStore:
         if kind is None:
             rows = self.conn.execute("SELECT * FROM events ORDER BY id").fetchall()
         else:
-            rows = self.conn.execute("SELECT * FROM events WHERE kind=? ORDER BY id", (kind,)).fetchall()
+            rows = self.conn.execute(
+                "SELECT * FROM events WHERE kind=? ORDER BY id", (kind,)
+            ).fetchall()
         return [dict(r) for r in rows]
 
     def token_totals(self) -> dict[str, int]:
@@ -337,4 +355,8 @@ class RunStore:
         ref = self.conn.execute(
             "SELECT COALESCE(SUM(prompt_tokens),0) p, COALESCE(SUM(completion_tokens),0) c FROM reflections"
         ).fetchone()
-        return {"prompt": row["p"] + ref["p"], "completion": row["c"] + ref["c"], "cached_prompt": row["k"]}
+        return {
+            "prompt": row["p"] + ref["p"],
+            "completion": row["c"] + ref["c"],
+            "cached_prompt": row["k"],
+        }
