@@ -210,9 +210,15 @@ def _apply(envs: dict[int, Any], spec: EnvSpec, slot: int, call: Call) -> StepRe
 
 
 class _PoolAPI:
-    """The calls both pools offer, on top of ``call_many``."""
+    """The calls both pools offer; each pool implements submit, collect, call_many, close."""
 
     slots: int
+
+    def submit(self, calls: Mapping[int, Call]) -> None:
+        raise NotImplementedError
+
+    def collect(self, timeout: float | None = None) -> dict[int, Outcome]:
+        raise NotImplementedError
 
     def call_many(self, calls: Mapping[int, Call]) -> dict[int, Outcome]:
         raise NotImplementedError
@@ -255,7 +261,8 @@ def _raise_or_return(outcome: Outcome) -> StepResult:
 class SyncEnvPool(_PoolAPI):
     """The pool's API with the envs in this process, one per slot, called one after another.
 
-    No timeout applies and nothing can crash; use it for a single worker, debugging and tests.
+    ``submit`` runs the calls at once; no timeout applies and nothing can crash. Use it for a
+    single worker, debugging and tests.
     """
 
     def __init__(self, spec: EnvSpec, slots: int = 1) -> None:
@@ -266,22 +273,41 @@ class SyncEnvPool(_PoolAPI):
         self.slots = slots
         self._envs: dict[int, Any] = {}
         self._episodes = _Episodes(slots)
+        self._ready: dict[int, Outcome] = {}
 
-    def call_many(self, calls: Mapping[int, Call]) -> dict[int, Outcome]:
-        """Run resets (``Reset``) and steps (action strings) for the given slots."""
+    @property
+    def in_flight(self) -> frozenset[int]:
+        """Slots with a submitted call whose answer has not been collected yet."""
+        return frozenset(self._ready)
+
+    def submit(self, calls: Mapping[int, Call]) -> None:
+        """Run resets (``Reset``) and steps (action strings) now; ``collect`` hands them back."""
         _check_calls(calls, self.slots)
-        out: dict[int, Outcome] = {}
+        busy = sorted(self._ready.keys() & calls.keys())
+        if busy:
+            raise EnvError(f"slot {busy[0]} already has a call in flight: collect() it first")
         for slot, call in calls.items():
             early = self._episodes.check(slot, call)
             if early is not None:
-                out[slot] = early
+                self._ready[slot] = early
                 continue
+            outcome: Outcome
             try:
-                out[slot] = _apply(self._envs, self.spec, slot, call)
+                outcome = _apply(self._envs, self.spec, slot, call)
             except Exception as exc:
-                out[slot] = exc
-            self._episodes.record(slot, call, out[slot])
+                outcome = exc
+            self._episodes.record(slot, call, outcome)
+            self._ready[slot] = outcome
+
+    def collect(self, timeout: float | None = None) -> dict[int, Outcome]:
+        """Every answer not yet handed back (never waits: submit already ran them)."""
+        out, self._ready = self._ready, {}
         return out
+
+    def call_many(self, calls: Mapping[int, Call]) -> dict[int, Outcome]:
+        """Run resets (``Reset``) and steps (action strings) for the given slots."""
+        self.submit(calls)
+        return {slot: self._ready.pop(slot) for slot in calls}
 
     def actions(self, slot: int) -> tuple[str, ...]:
         """The actions slot's episode has taken since its last reset."""
@@ -370,6 +396,10 @@ class EnvPool(_PoolAPI):
     Calls to different workers run concurrently. ``timeout_s`` bounds each call: a worker that
     does not answer in time, or dies, is killed and replaced; its episodes become
     ``WorkerCrashed`` (now, or on the slot's next call) and the other slots carry on.
+
+    ``call_many`` (and ``step_many``, ``reset_many``) returns when every call it made is
+    answered; ``submit`` + ``collect`` hand back each answer as soon as it arrives, so a slow
+    call (a reset loads a game) never holds the other slots back.
     """
 
     def __init__(
@@ -402,8 +432,15 @@ class EnvPool(_PoolAPI):
         self.restarts = 0
         self._ctx = multiprocessing.get_context(start_method)
         self._episodes = _Episodes(slots)
-        self._workers: list[_Worker] = [_Worker(self._ctx, spec, i) for i in range(workers)]
+        # per worker: calls waiting for it to finish its batch, and the batch it is working on
+        self._outbox: list[deque[tuple[int, Call]]] = [deque() for _ in range(workers)]
+        self._sent: list[deque[tuple[int, Call]]] = [deque() for _ in range(workers)]
+        self._progress = [0.0] * workers
+        self._ready: dict[int, Outcome] = {}  # answered, not yet handed back
+        self._busy: set[int] = set()  # submitted, not yet handed back
+        self._workers: list[_Worker] = []
         self._closed = False
+        self._workers = [_Worker(self._ctx, spec, i) for i in range(workers)]
 
     # -- public --------------------------------------------------------------------------
     def worker_of(self, slot: int) -> int:
@@ -418,53 +455,54 @@ class EnvPool(_PoolAPI):
         """The actions slot's episode has taken since its last reset."""
         return tuple(self._episodes.actions[slot] or ())
 
-    def call_many(self, calls: Mapping[int, Call]) -> dict[int, Outcome]:
-        """Run resets (``Reset``) and steps (action strings) for the given slots concurrently;
-        returns once every call is answered, failed or timed out."""
+    @property
+    def in_flight(self) -> frozenset[int]:
+        """Slots with a submitted call whose answer has not been collected yet."""
+        return frozenset(self._busy)
+
+    def submit(self, calls: Mapping[int, Call]) -> None:
+        """Start resets (``Reset``) and steps (action strings) without waiting for them; a slot
+        takes one call at a time (collect its answer before submitting the next)."""
         if self._closed:
             raise EnvError("this EnvPool is closed: create a new one")
         _check_calls(calls, self.slots)
-        out: dict[int, Outcome] = {}
-        batches: dict[int, list[tuple[int, Call]]] = {}
+        busy = sorted(self._busy.intersection(calls))
+        if busy:
+            raise EnvError(f"slot {busy[0]} already has a call in flight: collect() it first")
         for slot, call in calls.items():
+            self._busy.add(slot)
             early = self._episodes.check(slot, call)
             if early is not None:
-                out[slot] = early
+                self._ready[slot] = early
             else:
-                batches.setdefault(self.worker_of(slot), []).append((slot, call))
+                self._outbox[self.worker_of(slot)].append((slot, call))
+        self._dispatch()
 
-        pending: dict[int, deque[tuple[int, Call]]] = {}
-        progress: dict[int, float] = {}
-        for index, batch in batches.items():
-            pending[index] = deque(batch)
-            progress[index] = time.monotonic()
-            try:
-                # one message per worker per call_many: the worker reads it whole before it
-                # answers, so neither side can block the other on a full pipe
-                self._workers[index].conn.send(("batch", batch))
-            except (OSError, EOFError):
-                self._replace(index, "died", pending, out)
+    def collect(self, timeout: float | None = None) -> dict[int, Outcome]:
+        """The answers that have arrived, waiting up to ``timeout`` seconds (None: as long as
+        it takes) for at least one; empty when nothing is in flight or the wait ran out."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while not self._ready and any(self._sent):
+            left = None if end is None else end - time.monotonic()
+            if left is not None and left <= 0:
+                break
+            self._pump(left)
+        self._pump(0.0)  # pick up whatever else has already arrived
+        out, self._ready = self._ready, {}
+        self._busy.difference_update(out)
+        return out
 
-        while pending:
-            # a worker's pipe (answers) and its sentinel (death) both wake us
-            sources: dict[Any, int] = {}
-            for i in pending:
-                sources[self._workers[i].conn] = i
-                sources[self._workers[i].process.sentinel] = i
-            now = time.monotonic()
-            deadline = min(self._deadline(i, progress[i]) for i in pending)
-            for obj in wait(list(sources), timeout=max(0.0, deadline - now)):
-                index = sources[obj]
-                if index not in pending:
-                    continue
-                if not self._drain(index, pending, progress, out):
-                    self._replace(index, "died", pending, out)
-            now = time.monotonic()
-            for index in list(pending):
-                if now >= self._deadline(index, progress[index]):
-                    limit = self.timeout_s if self._workers[index].ready else START_TIMEOUT_S
-                    self._replace(index, f"timed out (no answer within {limit:g}s)", pending, out)
-        return {slot: out[slot] for slot in calls}
+    def call_many(self, calls: Mapping[int, Call]) -> dict[int, Outcome]:
+        """Run resets (``Reset``) and steps (action strings) for the given slots concurrently;
+        returns once every call is answered, failed or timed out."""
+        self.submit(calls)
+        while not self._ready.keys() >= calls.keys():
+            if not any(self._sent):
+                raise RuntimeError("EnvPool lost track of a call (a bug): close and recreate it")
+            self._pump(None)
+        out = {slot: self._ready.pop(slot) for slot in calls}
+        self._busy.difference_update(out)
+        return out
 
     def close(self) -> None:
         """Stop every worker (idempotent)."""
@@ -487,46 +525,76 @@ class EnvPool(_PoolAPI):
             pass
 
     # -- internals -----------------------------------------------------------------------
-    def _deadline(self, index: int, progress: float) -> float:
+    def _dispatch(self) -> None:
+        """Send each idle worker everything waiting for it, as one message.
+
+        One batch in flight per worker: the worker reads a batch whole before it answers, so
+        neither side can block the other on a full pipe.
+        """
+        for index in range(self.workers):
+            if self._sent[index] or not self._outbox[index]:
+                continue
+            batch = list(self._outbox[index])
+            self._outbox[index].clear()
+            self._sent[index].extend(batch)
+            self._progress[index] = time.monotonic()
+            try:
+                self._workers[index].conn.send(("batch", batch))
+            except (OSError, EOFError):
+                self._replace(index, "died")
+
+    def _pump(self, wait_s: float | None) -> None:
+        """Wait up to ``wait_s`` (None: until something happens) for answers, deaths and
+        timeouts among the busy workers, and handle them."""
+        active = [i for i in range(self.workers) if self._sent[i]]
+        if not active:
+            return
+        # a worker's pipe (answers) and its sentinel (death) both wake us
+        sources: dict[Any, int] = {}
+        for i in active:
+            sources[self._workers[i].conn] = i
+            sources[self._workers[i].process.sentinel] = i
+        now = time.monotonic()
+        until = min(self._deadline(i) for i in active) - now
+        if wait_s is not None:
+            until = min(until, wait_s)
+        for index in {sources[obj] for obj in wait(list(sources), timeout=max(0.0, until))}:
+            if not self._drain(index):
+                self._replace(index, "died")
+        now = time.monotonic()
+        for index in active:
+            if self._sent[index] and now >= self._deadline(index):
+                limit = self.timeout_s if self._workers[index].ready else START_TIMEOUT_S
+                self._replace(index, f"timed out (no answer within {limit:g}s)")
+        self._dispatch()
+
+    def _deadline(self, index: int) -> float:
         worker = self._workers[index]
         if not worker.ready:
             return worker.started + max(self.timeout_s, START_TIMEOUT_S)
-        return progress + self.timeout_s
+        return self._progress[index] + self.timeout_s
 
-    def _drain(
-        self,
-        index: int,
-        pending: dict[int, deque[tuple[int, Call]]],
-        progress: dict[int, float],
-        out: dict[int, Outcome],
-    ) -> bool:
-        """Read every message the worker has sent; False if it is dead."""
+    def _drain(self, index: int) -> bool:
+        """Read every message the worker has sent; False if it died with calls unanswered."""
         worker = self._workers[index]
+        sent = self._sent[index]
         try:
-            while index in pending and worker.conn.poll():
+            while sent and worker.conn.poll():
                 message = worker.conn.recv()
-                progress[index] = time.monotonic()
+                self._progress[index] = time.monotonic()
                 if message[0] == "ready":
                     worker.ready = True
                     continue
-                kind, slot, payload = message
-                expected, call = pending[index].popleft()
+                _, slot, payload = message
+                expected, call = sent.popleft()
                 assert slot == expected, (slot, expected)
-                out[slot] = payload
+                self._ready[slot] = payload
                 self._episodes.record(slot, call, payload)
-                if not pending[index]:
-                    del pending[index]
         except (EOFError, OSError):
             return False
-        return index not in pending or worker.process.is_alive()
+        return not sent or worker.process.is_alive()
 
-    def _replace(
-        self,
-        index: int,
-        reason: str,
-        pending: dict[int, deque[tuple[int, Call]]],
-        out: dict[int, Outcome],
-    ) -> None:
+    def _replace(self, index: int, reason: str) -> None:
         """Kill worker ``index``, fail the calls it held, and start a fresh one."""
         old = self._workers[index]
         old.kill()
@@ -536,12 +604,22 @@ class EnvPool(_PoolAPI):
         elif reason == "died" and code is not None:
             reason = f"died (exit code {code})"
         reason = f"env worker {old.pid} {reason}"
-        for slot, call in pending.pop(index, ()):
-            out[slot] = self._episodes.crashed(slot, reason, call)
-            self._episodes.record(slot, call, out[slot])
+        for slot, call in self._sent[index]:
+            self._ready[slot] = self._episodes.crashed(slot, reason, call)
+            self._episodes.record(slot, call, self._ready[slot])
+        self._sent[index].clear()
         # every other episode on that worker went with it
         for slot in range(index, self.slots, self.workers):
             if self._episodes.actions[slot] is not None and self._episodes.lost[slot] is None:
                 self._episodes.lost[slot] = reason
+        # queued steps of those episodes are lost too; queued resets go to the new worker
+        queued = list(self._outbox[index])
+        self._outbox[index].clear()
+        for slot, call in queued:
+            early = self._episodes.check(slot, call)
+            if early is not None:
+                self._ready[slot] = early
+            else:
+                self._outbox[index].append((slot, call))
         self._workers[index] = _Worker(self._ctx, self.spec, index)
         self.restarts += 1

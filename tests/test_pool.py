@@ -24,8 +24,9 @@ HEAVY = ("textworld", "alfworld", "fast_downward", "torch")
 
 
 class SleepyEnv:
-    """A test-only env kind: "sleep S" sleeps S seconds, "exit" kills the process, "heavy"
-    names the heavy modules the worker has imported; anything else is echoed."""
+    """A test-only env kind: "sleep S" sleeps S seconds, "wait PATH" until PATH exists, "exit"
+    kills the process, "heavy" names the heavy modules the worker has imported, "fail" raises;
+    anything else is echoed."""
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -37,6 +38,9 @@ class SleepyEnv:
         self.steps += 1
         if action.startswith("sleep "):
             time.sleep(float(action.split()[1]))
+        elif action.startswith("wait "):  # until the file exists
+            while not os.path.exists(action[5:]):
+                time.sleep(0.01)
         elif action == "exit":
             os._exit(3)
         elif action == "heavy":
@@ -264,6 +268,31 @@ def test_more_slots_than_workers() -> None:
         lost = pool.step_many({0: "wave", 1: "wave"})
         assert isinstance(lost[0], WorkerCrashed) and lost[0].actions == ("wave",)
         assert isinstance(lost[1], StepResult) and lost[1].info["steps"] == 2
+
+
+def test_submit_and_collect_hand_back_each_answer_when_it_arrives(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    with EnvPool(SLEEPY, workers=2, timeout_s=60) as pool:
+        pool.reset_many({0: Reset("a"), 1: Reset("b")})
+        pool.submit({0: f"wait {gate}", 1: "wave"})
+        assert pool.in_flight == {0, 1}
+        first = pool.collect()
+        assert set(first) == {1}  # slot 0 cannot answer before the gate opens
+        with pytest.raises(EnvError, match="in flight"):
+            pool.submit({0: "wave"})
+        # slot 1 goes on while slot 0 is busy, through the blocking call too
+        assert pool.step(1, "wave").info["steps"] == 2
+        assert pool.collect(timeout=0.05) == {}
+        gate.touch()
+        second = pool.collect(timeout=60)
+        assert set(second) == {0} and second[0].observation == f"did wait {gate}"  # type: ignore[union-attr]
+        assert pool.in_flight == frozenset() and pool.collect() == {}
+    with SyncEnvPool(SLEEPY, slots=2) as sync:
+        sync.reset(0, "a")
+        sync.submit({0: "wave", 1: "wave"})
+        assert sync.in_flight == {0, 1}
+        answers = sync.collect()
+        assert isinstance(answers[0], StepResult) and isinstance(answers[1], EnvError)
 
 
 def test_bad_pool_arguments() -> None:
