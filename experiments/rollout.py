@@ -39,6 +39,7 @@ class EpisodeJob:
     prefix: str  # instruction + examples + memory block
     memory: tuple[Reflection, ...] = ()
     resume_steps: tuple[Step, ...] = ()  # recorded steps of an interrupted episode
+    resumed: bool = False  # the episode's row exists already: continue it, don't start it
 
 
 @dataclass(frozen=True)
@@ -164,7 +165,7 @@ class Rollout:
             first_obs = self._first_observation(job, outcome)
             ep.info = outcome.info
             self._begin(ep, first_obs, str(outcome.info.get("task", "")))
-            if job.resume_steps:
+            if job.resumed:
                 # killed after its last step was committed but before the episode was closed
                 ep.info["_last_truncated"] = outcome.truncated
                 self._check_end(ep)
@@ -174,7 +175,7 @@ class Rollout:
             live[slot] = ep
 
     def _first_observation(self, job: EpisodeJob, outcome: StepResult) -> str:
-        if not job.resume_steps:
+        if not job.resumed:
             return outcome.observation
         row = self.store.episode(job.episode_id)
         return row.observation if row else outcome.observation
@@ -182,7 +183,7 @@ class Rollout:
     def _begin(self, ep: _Live, observation: str, task: str) -> None:
         ep.observation = observation
         ep.task = task
-        if ep.job.resume_steps:
+        if ep.job.resumed:
             ep.steps = list(ep.job.resume_steps)
             self.store.mark_resimulated(ep.job.episode_id)
             self.store.log_event(

@@ -116,6 +116,7 @@ def plan_trial(
                 prefix=row.prompt_prefix,
                 memory=memory,
                 resume_steps=tuple(store.steps(row.episode_id)),
+                resumed=True,
             )
         )
     return todo, jobs

@@ -1,0 +1,111 @@
+"""The Reflexion loop end to end on CPU: real envs, real run store, scripted model text."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from agents.prompting import actor_prompt
+from experiments.config import RunConfig
+from experiments.runner import run
+from experiments.store import RunStore
+
+
+def config(games: Path, tmp: Path, **kw) -> RunConfig:
+    base = dict(
+        model="scripted:learner",
+        data=str(games),
+        split="eval_out_of_distribution",
+        trials=3,
+        max_steps=30,
+        workers=1,
+        concurrency=3,
+        run_dir=str(tmp / "run"),
+    )
+    base.update(kw)
+    return RunConfig(**base)
+
+
+def solved_by_trial(store: RunStore) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for e in store.episodes():
+        out.setdefault(e.trial, 0)
+        out[e.trial] += int(e.won)
+    return out
+
+
+def test_learner_fails_first_trial_then_solves_with_reflection(generated_games, tmp_path):
+    run_dir = run(config(generated_games, tmp_path))
+    store = RunStore(run_dir, readonly=True)
+    episodes = store.episodes()
+    tasks = {e.game for e in episodes}
+    assert len(tasks) == 6
+    assert solved_by_trial(store) == {0: 0, 1: 6}  # trial 2 runs nothing: all solved
+    assert {e.trial for e in episodes} == {0, 1}
+    # every failure of trial 0 was stopped by the paper evaluator as a loop
+    assert {e.failure_class for e in episodes if e.trial == 0} == {"repeated_action"}
+    reflections = store.reflections()
+    assert {(r.task, r.trial) for r in reflections} == {(g, 0) for g in tasks}
+    for r in reflections:
+        assert r.episode_id == f"{r.task}#t0" and r.model == "scripted:learner" and len(r.prompt_hash) == 64
+        assert r.text.strip()
+    for e in episodes:
+        shown = json.loads(e.memory_json)
+        assert len(shown) == (0 if e.trial == 0 else 1)
+    trials = store.trials()
+    assert [len(t["tasks"]) for t in trials] == [6, 6]
+
+
+def test_react_arm_never_sees_memory(generated_games, tmp_path):
+    store = RunStore(run(config(generated_games, tmp_path, agent="react", trials=2)), readonly=True)
+    assert solved_by_trial(store) == {0: 0, 1: 0}
+    assert store.reflections() == []
+    assert all(json.loads(e.memory_json) == [] for e in store.episodes())
+
+
+def test_solved_tasks_are_not_rerun(generated_games, tmp_path):
+    store = RunStore(run(config(generated_games, tmp_path, model="scripted:expert")), readonly=True)
+    assert solved_by_trial(store) == {0: 6}
+    assert len(store.trials()) == 1
+
+
+def test_memory_window_never_exceeds_omega(generated_games, tmp_path):
+    cfg = config(generated_games, tmp_path, model="scripted:random", trials=4, memory_size=2, max_steps=6, games=2)
+    store = RunStore(run(cfg), readonly=True)
+    for e in store.episodes():
+        assert len(json.loads(e.memory_json)) <= 2
+    failing = [g for g in {e.game for e in store.episodes()} if not any(x.won for x in store.episodes() if x.game == g)]
+    for g in failing:
+        assert [r.trial for r in store.reflections(g)] == [0, 1, 2, 3]  # all kept in the store
+        last = [e for e in store.episodes() if e.game == g and e.trial == 3][0]
+        assert [r["trial"] for r in json.loads(last.memory_json)] == [1, 2]
+
+
+def test_prefix_share(generated_games, tmp_path, capsys):
+    store = RunStore(run(config(generated_games, tmp_path, model="scripted:expert", trials=1)), readonly=True)
+    shares = []
+    for e in store.episodes():
+        steps = store.steps(e.episode_id)
+        history = [(s.action, s.observation) for s in steps]
+        prompts = [actor_prompt(e.prompt_prefix, e.observation, history[:i]) for i in range(len(steps))]
+        for a, b in zip(prompts, prompts[1:]):
+            common = len(os.path.commonprefix([a, b]))
+            shares.append(common / len(b))
+    assert shares and min(shares) >= 0.95
+    with capsys.disabled():
+        print(f"\nprefix share over {len(shares)} step pairs: min {min(shares):.4f}, mean {sum(shares) / len(shares):.4f}")
+
+
+def test_deadline_stops_cleanly_and_resume_finishes(generated_games, tmp_path):
+    run_dir = run(config(generated_games, tmp_path, model="scripted:expert", trials=1, deadline="0s"))
+    store = RunStore(run_dir, readonly=True)
+    assert "deadline" in store.get_meta("status")["stopped"]
+    assert store.episodes() == []
+    store.close()
+    run(config(generated_games, tmp_path, model="scripted:expert", trials=1), resume=str(run_dir))
+    store = RunStore(run_dir, readonly=True)
+    assert solved_by_trial(store) == {0: 6}
+    assert store.get_meta("status") == {"complete": True}
