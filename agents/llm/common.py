@@ -1,0 +1,179 @@
+"""Small helpers shared by the backends: stop truncation, chat wrapping, options, imports.
+
+Completion-style prompts sent to chat models (``chat_format``):
+
+- ``"raw"``: no wrapping; only for backends that can send text as is (llama.cpp, transformers,
+  an OpenAI-compatible completions endpoint). The default for local models.
+- ``"user"``: the whole prompt becomes one user message, preceded by :data:`CONTINUE_INSTRUCTION`
+  and a blank line. The default for chat APIs (OpenAI chat, Anthropic): it works everywhere.
+- ``"prefill"``: the instruction is the user message and the prompt is an unfinished assistant
+  message the model continues (Anthropic models that allow prefill; vLLM's chat endpoint with
+  ``continue_final_message``). Closest to a completion model, but not every model accepts it.
+
+Whatever a backend does, ``Completion.sent`` records the exact messages or text it sent.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+from agents.llm.base import Message, MissingDependencyError, Request, SpecError
+
+ChatFormat = Literal["raw", "user", "prefill"]
+CHAT_FORMATS: tuple[str, ...] = ("raw", "user", "prefill")
+
+CONTINUE_INSTRUCTION = (
+    "Continue the text below from exactly where it stops. Reply with the continuation only: "
+    "do not repeat the text and do not explain."
+)
+
+
+def truncate_at_stop(text: str, stop: Iterable[str]) -> tuple[str, bool]:
+    """Cut ``text`` at the earliest occurrence of any stop string (the stop itself dropped).
+
+    Returns the text and whether a stop string was found. Empty stop strings are ignored.
+    """
+    cut = -1
+    for s in stop:
+        if not s:
+            continue
+        i = text.find(s)
+        if i != -1 and (cut == -1 or i < cut):
+            cut = i
+    if cut == -1:
+        return text, False
+    return text[:cut], True
+
+
+def prompt_as_messages(
+    prompt: str, chat_format: str, instruction: str = CONTINUE_INSTRUCTION
+) -> list[dict[str, str]]:
+    """Wrap a completion-style prompt as chat messages (see the module docstring)."""
+    if chat_format == "user":
+        return [{"role": "user", "content": f"{instruction}\n\n{prompt}"}]
+    if chat_format == "prefill":
+        return [
+            {"role": "user", "content": instruction},
+            {"role": "assistant", "content": prompt},
+        ]
+    raise SpecError(f"chat_format={chat_format!r} cannot wrap a prompt; use 'user' or 'prefill'")
+
+
+def messages_as_dicts(messages: Sequence[Message]) -> list[dict[str, str]]:
+    return [{"role": m.role, "content": m.content} for m in messages]
+
+
+def request_messages(
+    request: Request, chat_format: str, instruction: str = CONTINUE_INSTRUCTION
+) -> list[dict[str, str]]:
+    """The chat messages for a request: its own messages, or its prompt wrapped."""
+    if request.messages is not None:
+        return messages_as_dicts(request.messages)
+    assert request.prompt is not None
+    return prompt_as_messages(request.prompt, chat_format, instruction)
+
+
+def check_chat_format(value: Any, *, allow_raw: bool, backend: str) -> str:
+    allowed = CHAT_FORMATS if allow_raw else tuple(f for f in CHAT_FORMATS if f != "raw")
+    if value not in allowed:
+        raise SpecError(f"{backend}: chat_format={value!r} is not one of {', '.join(allowed)}")
+    return str(value)
+
+
+def safe_url(url: str | None) -> str | None:
+    """A URL without user info, query or fragment: safe to store in a manifest."""
+    if url is None:
+        return None
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def scrub(text: str, secrets: Iterable[str | None]) -> str:
+    """Replace every secret (and any long piece of it) in ``text`` by ``<redacted>``."""
+    for secret in secrets:
+        if not secret or len(secret) < 8:
+            continue
+        text = text.replace(secret, "<redacted>")
+        # servers echo masked keys ("sk-abc...wxyz"); drop any 8+ character run of the key too
+        for size in (16, 12, 8):
+            for i in range(0, len(secret) - size + 1):
+                piece = secret[i : i + size]
+                if piece in text:
+                    text = text.replace(piece, "<redacted>")
+    return text
+
+
+def require(module: str, package: str, extra: str) -> Any:
+    """Import an optional dependency, or raise :class:`MissingDependencyError` naming the extra."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        if exc.name is not None and exc.name.split(".")[0] != module.split(".")[0]:
+            raise  # the package is there but broken: show the real cause
+        raise MissingDependencyError(package, extra) from None
+
+
+def opt_int(backend: str, name: str, value: Any, minimum: int | None = None) -> int:
+    """An integer option (strings from a config are accepted), or a one-line SpecError."""
+    try:
+        number = int(value)
+        if isinstance(value, float) and not value.is_integer():
+            raise ValueError
+    except (TypeError, ValueError):
+        raise SpecError(f"{backend}: option {name}={value!r} must be an integer") from None
+    if minimum is not None and number < minimum:
+        raise SpecError(f"{backend}: option {name}={value!r} must be >= {minimum}")
+    return number
+
+
+def opt_float(backend: str, name: str, value: Any, minimum: float | None = None) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise SpecError(f"{backend}: option {name}={value!r} must be a number") from None
+    if number != number or (minimum is not None and number < minimum):
+        raise SpecError(f"{backend}: option {name}={value!r} must be a number >= {minimum}")
+    return number
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def opt_bool(backend: str, name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    word = str(value).strip().lower()
+    if word in _TRUE:
+        return True
+    if word in _FALSE:
+        return False
+    raise SpecError(f"{backend}: option {name}={value!r} must be true or false")
+
+
+_WORD = re.compile(r"\w+|[^\w\s]")
+
+
+def rough_token_count(text: str) -> int:
+    """Words and punctuation marks: a stand-in count for backends without a tokenizer."""
+    return len(_WORD.findall(text))
+
+
+def sampling_dict(request: Request) -> dict[str, Any]:
+    """The sampling settings of a request as plain JSON (for ``Completion.sent``)."""
+    c = request.config
+    return {
+        "temperature": c.temperature,
+        "top_p": c.top_p,
+        "max_tokens": c.max_tokens,
+        "stop": list(c.stop),
+        "seed": c.seed,
+        "n": c.n,
+    }

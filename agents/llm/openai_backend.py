@@ -1,0 +1,281 @@
+"""OpenAI and OpenAI-compatible servers (vLLM's ``vllm serve``, llama.cpp's server, ...).
+
+``openai:<model>`` talks to api.openai.com; with ``base_url=`` to any compatible server.
+
+Endpoints: chat-message requests always use ``/chat/completions``. Completion-style ``prompt``
+requests use ``/completions`` when ``api="completions"`` (the default when ``base_url`` is
+given: vLLM and llama.cpp serve it, and it sends the prompt exactly) and ``/chat/completions``
+when ``api="chat"`` (the default for api.openai.com, whose current models are chat-only); there
+the prompt is wrapped as ``chat_format`` says (default ``"user"``, see :mod:`agents.llm.common`;
+``"prefill"`` adds vLLM's ``continue_final_message`` and ``add_generation_prompt=false``).
+
+Requests of a batch are sent concurrently by a thread pool (``concurrency``, default 8). The
+SDK's own retries are off; :mod:`agents.llm.retry` retries timeouts, 429 (honouring
+Retry-After), 5xx, dropped connections and malformed JSON, counts them in
+``Completion.retries`` and logs them on ``agents.llm.openai``.
+
+The key comes only from the environment variable ``api_key_env`` (default ``OPENAI_API_KEY``);
+a ``base_url`` server without one gets a dummy key. It never appears in ``describe()``,
+``repr``, logs or errors raised here.
+
+Usage: prompt, completion and cached tokens as the server reports them (0 where it reports
+none). ``extra_body`` is sent with every request (e.g. ``{"repeat_penalty": 1.0}`` for a
+llama.cpp server, whose default of 1.1 differs from the OpenAI API's none).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from agents.llm.base import BackendError, Completion, Request, SpecError
+from agents.llm.common import (
+    CONTINUE_INSTRUCTION,
+    check_chat_format,
+    messages_as_dicts,
+    opt_float,
+    opt_int,
+    prompt_as_messages,
+    safe_url,
+    scrub,
+    truncate_at_stop,
+)
+from agents.llm.retry import (
+    MalformedResponse,
+    Retryable,
+    RetryPolicy,
+    call_with_retries,
+    concurrent_map,
+    parse_retry_after,
+)
+
+log = logging.getLogger("agents.llm.openai")
+
+DUMMY_KEY = "sk-local-no-key"
+_MAX_STOPS = 4  # the OpenAI API accepts at most 4 stop strings; the rest are applied here
+
+
+def classify_openai_error(exc: BaseException) -> Retryable | None:
+    """Retryable for timeouts, dropped connections, 408/409/429/5xx and malformed JSON."""
+    import openai
+
+    if isinstance(exc, openai.APITimeoutError):
+        return Retryable("timeout")
+    if isinstance(exc, openai.APIConnectionError):
+        cause = exc.__cause__ or exc.__context__
+        return Retryable(f"connection error ({type(cause).__name__ if cause else 'closed'})")
+    if isinstance(exc, openai.APIStatusError):
+        status = exc.status_code
+        if status in (408, 409, 429) or status >= 500:
+            headers = dict(exc.response.headers) if exc.response is not None else {}
+            return Retryable(f"HTTP {status}", parse_retry_after(headers))
+        return None
+    if isinstance(exc, MalformedResponse | json.JSONDecodeError | UnicodeDecodeError):
+        return Retryable(f"malformed response ({type(exc).__name__})")
+    return None
+
+
+class OpenAIBackend:
+    """An OpenAI-compatible HTTP model. See the module docstring for the options."""
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str | None = None,
+        api: str = "auto",
+        chat_format: str = "user",
+        chat_instruction: str = CONTINUE_INSTRUCTION,
+        concurrency: int | str = 8,
+        timeout: float | str = 60.0,
+        max_retries: int | str = 6,
+        backoff_base: float | str = 1.0,
+        backoff_max: float | str = 60.0,
+        jitter: float | str = 1.0,
+        max_retry_after: float | str = 120.0,
+        api_key_env: str = "OPENAI_API_KEY",
+        extra_body: Mapping[str, Any] | None = None,
+        max_tokens_param: str | None = None,
+        name: str | None = None,
+    ) -> None:
+        who = "openai"
+        if not model:
+            raise SpecError("openai needs a model: use openai:<model name>")
+        if api not in ("auto", "completions", "chat"):
+            raise SpecError(f"{who}: api={api!r} must be auto, completions or chat")
+        self.model = model
+        self.base_url = base_url
+        self.api = ("completions" if base_url else "chat") if api == "auto" else api
+        self.chat_format = check_chat_format(chat_format, allow_raw=False, backend=who)
+        self.chat_instruction = chat_instruction
+        self.concurrency = opt_int(who, "concurrency", concurrency, 1)
+        self.timeout = opt_float(who, "timeout", timeout, 0.001)
+        self.policy = RetryPolicy(
+            max_retries=opt_int(who, "max_retries", max_retries, 0),
+            backoff_base=opt_float(who, "backoff_base", backoff_base, 0.0),
+            backoff_max=opt_float(who, "backoff_max", backoff_max, 0.0),
+            jitter=opt_float(who, "jitter", jitter, 0.0),
+            max_retry_after=opt_float(who, "max_retry_after", max_retry_after, 0.0),
+        )
+        self.extra_body = dict(extra_body or {})
+        # o-series models reject max_tokens on chat; older compatible servers only know it
+        self.max_tokens_param = max_tokens_param or (
+            "max_tokens" if base_url else "max_completion_tokens"
+        )
+        self.name = name or f"openai:{model}"
+        self.api_key_env = api_key_env
+        key = os.environ.get(api_key_env)
+        if not key:
+            if base_url is None:
+                raise BackendError(
+                    f"{self.name}: set the {api_key_env} environment variable "
+                    "(or pass base_url= for a local OpenAI-compatible server)"
+                )
+            key = DUMMY_KEY
+        self._secrets = (key,)
+        openai = _import_openai()
+        self._client = openai.OpenAI(
+            api_key=key, base_url=base_url, max_retries=0, timeout=self.timeout
+        )
+        self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="openai")
+
+    def __repr__(self) -> str:
+        return f"OpenAIBackend(name={self.name!r}, base_url={safe_url(self.base_url)!r})"
+
+    def describe(self) -> dict[str, Any]:
+        """Everything needed to compare runs; safe to store (no key)."""
+        return {
+            "spec": self.name,
+            "backend": "openai",
+            "model": self.model,
+            "base_url": safe_url(self.base_url),
+            "api": self.api,
+            "chat_format": self.chat_format,
+            "chat_instruction": self.chat_instruction,
+            "concurrency": self.concurrency,
+            "timeout": self.timeout,
+            "retry": self.policy.describe(),
+            "api_key_env": self.api_key_env,
+            "extra_body": self.extra_body,
+            "max_tokens_param": self.max_tokens_param,
+        }
+
+    # -- generation ----------------------------------------------------------------------------
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        indexed = list(enumerate(requests))
+        return concurrent_map(lambda item: self._one(*item), indexed, self._pool)
+
+    def _payload(self, request: Request) -> tuple[str, dict[str, Any]]:
+        c = request.config
+        params: dict[str, Any] = {
+            "model": self.model,
+            "temperature": c.temperature,
+            "top_p": c.top_p,
+            "n": c.n,
+        }
+        if c.stop:
+            params["stop"] = list(c.stop[:_MAX_STOPS])
+        if c.seed is not None:
+            params["seed"] = c.seed
+        extra = dict(self.extra_body)
+        if request.prompt is not None and self.api == "completions":
+            params["prompt"] = request.prompt
+            params["max_tokens"] = c.max_tokens
+            endpoint = "completions"
+        else:
+            if request.messages is not None:
+                messages = messages_as_dicts(request.messages)
+            else:
+                assert request.prompt is not None
+                messages = prompt_as_messages(
+                    request.prompt, self.chat_format, self.chat_instruction
+                )
+                if self.chat_format == "prefill":
+                    extra.setdefault("continue_final_message", True)
+                    extra.setdefault("add_generation_prompt", False)
+            params["messages"] = messages
+            params[self.max_tokens_param] = c.max_tokens
+            endpoint = "chat"
+        if extra:
+            params["extra_body"] = extra
+        return endpoint, params
+
+    def _one(self, index: int, request: Request) -> Completion:
+        endpoint, params = self._payload(request)
+        create = (
+            self._client.completions.create
+            if endpoint == "completions"
+            else self._client.chat.completions.create
+        )
+
+        def call() -> Any:
+            response = create(**params)
+            return _parse(endpoint, response)
+
+        start = time.perf_counter()
+        (texts, finishes, usage), retries = call_with_retries(
+            call,
+            classify_openai_error,
+            self.policy,
+            log=log,
+            label=f"{self.name} request {index}",
+            scrub=lambda s: scrub(s, self._secrets),
+        )
+        latency = time.perf_counter() - start
+        cleaned = []
+        for text, finish in zip(texts, finishes, strict=True):
+            text, hit = truncate_at_stop(text, request.config.stop)
+            cleaned.append((text, "stop" if hit else finish))
+        sent = {"endpoint": endpoint, **{k: v for k, v in params.items() if k != "extra_body"}}
+        if "extra_body" in params:
+            sent["extra_body"] = params["extra_body"]
+        return Completion(
+            text=cleaned[0][0],
+            finish_reason=cleaned[0][1],
+            prompt_tokens=usage[0],
+            completion_tokens=usage[1],
+            cached_tokens=usage[2],
+            latency_s=latency,
+            retries=retries,
+            sent=sent,
+            alternatives=tuple(t for t, _ in cleaned[1:]),
+        )
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._client.close()
+
+
+def _import_openai() -> Any:
+    from agents.llm.common import require
+
+    return require("openai", "openai", "openai")
+
+
+def _parse(endpoint: str, response: Any) -> tuple[list[str], list[str], tuple[int, int, int]]:
+    """Texts, finish reasons and (prompt, completion, cached) tokens; MalformedResponse if the
+    server's 200 answer lacks them (the SDK returns a plain string for non-JSON bodies)."""
+    try:
+        choices = sorted(response.choices, key=lambda ch: ch.index or 0)
+        if not choices:
+            raise MalformedResponse("no choices")
+        if endpoint == "completions":
+            texts = [ch.text for ch in choices]
+        else:
+            texts = [ch.message.content or "" for ch in choices]
+        if not all(isinstance(t, str) for t in texts):
+            raise MalformedResponse("choice without text")
+        finishes = [str(ch.finish_reason or "stop") for ch in choices]
+        usage = response.usage
+        prompt = int(getattr(usage, "prompt_tokens", 0) or 0) if usage else 0
+        completion = int(getattr(usage, "completion_tokens", 0) or 0) if usage else 0
+        details = getattr(usage, "prompt_tokens_details", None) if usage else None
+        cached = int(getattr(details, "cached_tokens", 0) or 0) if details else 0
+    except (AttributeError, TypeError, KeyError) as exc:
+        raise MalformedResponse(f"unexpected response shape: {type(exc).__name__}") from None
+    return texts, finishes, (prompt, completion, cached)

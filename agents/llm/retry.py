@@ -1,0 +1,187 @@
+"""Retries with backoff and jitter for the HTTP backends, and a bounded concurrent map.
+
+The SDKs' own retries are switched off (``max_retries=0``) so that these are the only ones:
+each is counted in ``Completion.retries`` and logged. ``Retry-After`` (or ``retry-after-ms``) on
+an answer is honoured, capped at ``max_retry_after``; otherwise the wait is exponential with
+jitter. A request that still fails raises :class:`~agents.llm.base.BackendError`.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from agents.llm.base import BackendError
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class Retryable(Exception):
+    """A failure worth another try (timeout, 429, 5xx, dropped connection, malformed answer)."""
+
+    def __init__(self, reason: str, retry_after: float | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.retry_after = retry_after
+
+
+class MalformedResponse(Exception):
+    """The server answered 200 with something that is not the expected JSON."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How hard to try. ``max_retries`` counts retries, not attempts."""
+
+    max_retries: int = 6
+    backoff_base: float = 1.0  # first wait, seconds; doubles each retry
+    backoff_max: float = 60.0
+    jitter: float = 1.0  # up to this many seconds of uniform jitter added to each wait
+    max_retry_after: float = 120.0  # never sleep longer than this on a server's Retry-After
+
+    def describe(self) -> dict[str, float]:
+        return {
+            "max_retries": self.max_retries,
+            "backoff_base": self.backoff_base,
+            "backoff_max": self.backoff_max,
+            "jitter": self.jitter,
+            "max_retry_after": self.max_retry_after,
+        }
+
+
+def parse_retry_after(headers: Mapping[str, str] | None, now: float | None = None) -> float | None:
+    """Seconds to wait from ``retry-after-ms`` or ``Retry-After`` (seconds or an HTTP date)."""
+    if not headers:
+        return None
+    lower = {k.lower(): v for k, v in headers.items()}
+    ms = lower.get("retry-after-ms")
+    if ms is not None:
+        try:
+            return max(float(ms) / 1000.0, 0.0)
+        except ValueError:
+            pass
+    value = lower.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(float(value), 0.0)
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when is None:
+        return None
+    return max(when.timestamp() - (time.time() if now is None else now), 0.0)
+
+
+def call_with_retries(
+    call: Callable[[], T],
+    classify: Callable[[BaseException], Retryable | None],
+    policy: RetryPolicy,
+    *,
+    log: logging.Logger,
+    label: str,
+    scrub: Callable[[str], str] = lambda s: s,
+) -> tuple[T, int]:
+    """Run ``call`` until it succeeds; returns ``(result, retries)``.
+
+    ``classify`` turns an exception into :class:`Retryable` or None (not worth retrying: raised
+    at once as BackendError). ``scrub`` cleans messages of secrets before they are logged/raised.
+    """
+    import tenacity
+
+    def wait(state: tenacity.RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome else None
+        if isinstance(exc, Retryable) and exc.retry_after is not None:
+            return min(exc.retry_after, policy.max_retry_after)
+        backoff = tenacity.wait_exponential_jitter(
+            initial=policy.backoff_base, max=policy.backoff_max, jitter=policy.jitter
+        )
+        return float(backoff(state))
+
+    def attempt() -> T:
+        try:
+            return call()
+        except Retryable:
+            raise
+        except Exception as exc:
+            verdict = classify(exc)
+            if verdict is None:
+                raise
+            raise verdict from exc
+
+    def before_sleep(state: tenacity.RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        reason = exc.reason if isinstance(exc, Retryable) else repr(exc)
+        sleep = state.next_action.sleep if state.next_action else 0.0
+        log.warning(
+            "%s: %s; retry %d/%d in %.2fs",
+            label,
+            scrub(reason),
+            state.attempt_number,
+            policy.max_retries,
+            sleep,
+        )
+
+    retrying = tenacity.Retrying(
+        stop=tenacity.stop_after_attempt(policy.max_retries + 1),
+        wait=wait,
+        retry=tenacity.retry_if_exception_type(Retryable),
+        before_sleep=before_sleep,
+        reraise=True,
+    )
+    attempts = 0
+    try:
+        for try_ in retrying:
+            with try_:
+                attempts = try_.retry_state.attempt_number
+                result = attempt()
+        return result, attempts - 1
+    except Retryable as exc:
+        msg = f"{label}: gave up after {attempts} attempts: {scrub(exc.reason)}"
+        log.error(msg)
+        raise BackendError(msg) from None
+    except BackendError:
+        raise
+    except Exception as exc:
+        msg = f"{label}: {type(exc).__name__}: {scrub(str(exc))}"
+        log.error(msg)
+        raise BackendError(msg) from None
+
+
+def concurrent_map(fn: Callable[[T], R], items: Sequence[T], pool: ThreadPoolExecutor) -> list[R]:
+    """``[fn(x) for x in items]`` run on ``pool``, in input order.
+
+    On the first error the items not yet started are cancelled, the running ones are waited
+    for (so no request is left running unobserved), and the error is raised.
+    """
+    futures = [pool.submit(fn, x) for x in items]
+    results: list[Any] = []
+    first_error: BaseException | None = None
+    for f in futures:
+        if first_error is not None:
+            f.cancel()
+            continue
+        try:
+            results.append(f.result())
+        except BaseException as exc:  # noqa: B036 - re-raised below
+            first_error = exc
+            for g in futures:
+                g.cancel()
+    if first_error is not None:
+        for f in futures:
+            if not f.cancelled():
+                try:
+                    f.result()
+                except BaseException:  # noqa: B036, S110 - the first error wins
+                    pass
+        raise first_error
+    return results

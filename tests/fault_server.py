@@ -1,0 +1,410 @@
+"""A real local HTTP server speaking the OpenAI and Anthropic APIs, with injected faults.
+
+Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST /v1/messages``
+(Anthropic), ``GET /v1/models``, ``GET /health``. The answer text is a pure function of the
+request's prompt (``answer(prompt_text) -> str``; the default is :func:`echo_answer`), so a test
+can check every answer.
+
+Faults are decided per (request content, attempt number) from a seeded hash, so a run is the same
+whatever order concurrent requests arrive in. Kinds:
+
+- ``timeout``: sleep ``timeout_s`` before answering (the client should give up sooner);
+- ``429``: ``Retry-After: <retry_after>`` with a JSON error body;
+- ``500`` / ``503``: a JSON error body;
+- ``reset``: the connection is reset (TCP RST) after the request is read;
+- ``drop``: the connection is closed without an answer;
+- ``malformed``: ``200`` with a truncated JSON body.
+
+Usage::
+
+    with FaultServer(FaultPlan(rate=0.2)) as server:
+        backend = make_backend("openai:test", base_url=server.url)
+        ...
+        server.stats()  # faults injected by kind, requests seen
+
+``api_key`` makes the server check ``Authorization: Bearer`` / ``x-api-key``; a wrong key gets
+401 with the key echoed in the error (as some servers do), to test that clients scrub it.
+Usable from any test: it needs the standard library only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import socket
+import struct
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+FAULT_KINDS = ("timeout", "429", "500", "reset", "malformed")
+ALL_FAULT_KINDS = (*FAULT_KINDS, "503", "drop")
+
+
+def echo_answer(prompt_text: str) -> str:
+    """The default answer: `` ok <first 10 hex digits of sha256(prompt)>``."""
+    return " ok " + hashlib.sha256(prompt_text.encode("utf-8")).hexdigest()[:10]
+
+
+def word_count(text: str) -> int:
+    """The fault server's token count: whitespace-separated words (deterministic, checkable)."""
+    return len(text.split())
+
+
+def prompt_text_of(body: dict[str, Any]) -> str:
+    """The text an answer is derived from: the prompt, or the messages as role: content lines."""
+    if "prompt" in body:
+        prompt = body["prompt"]
+        return prompt if isinstance(prompt, str) else json.dumps(prompt)
+    parts = []
+    system = body.get("system")
+    if system:
+        parts.append(f"system: {system if isinstance(system, str) else json.dumps(system)}")
+    for m in body.get("messages", []):
+        content = m.get("content")
+        if not isinstance(content, str):
+            content = "".join(b.get("text", "") for b in content or [] if isinstance(b, dict))
+        parts.append(f"{m.get('role')}: {content}")
+    return "\n".join(parts)
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    """Which faults to inject. ``rate`` is the probability per attempt."""
+
+    rate: float = 0.0
+    kinds: tuple[str, ...] = FAULT_KINDS
+    seed: int = 0
+    timeout_s: float = 2.0
+    retry_after: str = "1"
+    max_faults_per_key: int | None = None  # after this many faults a request always succeeds
+    latency_s: float = 0.0  # added to every good answer (to model a slow server)
+
+    def __post_init__(self) -> None:
+        unknown = set(self.kinds) - set(ALL_FAULT_KINDS)
+        if unknown:
+            raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {ALL_FAULT_KINDS}")
+
+
+@dataclass
+class Event:
+    """One request as the server saw it; ``answered`` is None while it is still in flight."""
+
+    key: str
+    attempt: int
+    fault: str | None  # None for a good answer
+    arrived: float
+    answered: float | None = None
+
+
+@dataclass
+class _State:
+    plan: FaultPlan
+    answer: Callable[[str], str]
+    api_key: str | None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    attempts: Counter[str] = field(default_factory=Counter)
+    faults_of: Counter[str] = field(default_factory=Counter)
+    events: list[Event] = field(default_factory=list)
+    keys_seen: list[str] = field(default_factory=list)
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _unit(seed: int, key: str, attempt: int, salt: str) -> float:
+    h = hashlib.sha256(f"{seed}|{key}|{attempt}|{salt}".encode()).digest()
+    return int.from_bytes(h[:8], "big") / 2**64
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib's name
+        pass  # keep test output clean
+
+    # -- plumbing ------------------------------------------------------------------------------
+    def _send(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
+        raw = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(raw)
+        self.wfile.flush()
+
+    def do_GET(self) -> None:  # noqa: N802 - stdlib's name
+        if self.path.rstrip("/") in ("/health", ""):
+            self._send(200, {"status": "ok"})
+        elif self.path.rstrip("/").endswith("/models"):
+            self._send(200, {"object": "list", "data": [{"id": "fault-model", "object": "model"}]})
+        else:
+            self._send(404, {"error": {"message": f"no route {self.path}"}})
+
+    def do_POST(self) -> None:  # noqa: N802 - stdlib's name
+        arrived = time.monotonic()
+        state = self.server.state
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length)
+        path = self.path.split("?")[0].rstrip("/")
+        route = next(
+            (r for r in ("/chat/completions", "/completions", "/messages") if path.endswith(r)),
+            None,
+        )
+        if route is None:
+            self._send(404, {"error": {"message": f"no route {self.path}"}})
+            return
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            self._send(400, {"error": {"message": "request body is not JSON"}})
+            return
+        key_given = self._api_key_given()
+        with state.lock:
+            state.keys_seen.append(key_given or "")
+            state.bodies.append(body)
+        if state.api_key is not None and key_given != state.api_key:
+            self._send(
+                401,
+                {"error": {"message": f"Incorrect API key provided: {key_given}", "type": "auth"}},
+            )
+            return
+        text = prompt_text_of(body)
+        key = hashlib.sha256(f"{route}|{text}".encode()).hexdigest()[:16]
+        event = self._pick_fault(key, arrived)
+        if event.fault is None:
+            if state.plan.latency_s:
+                time.sleep(state.plan.latency_s)
+            self._answer(route, body, text)
+        else:
+            self._inject(event.fault, route)
+        event.answered = time.monotonic()
+
+    def _api_key_given(self) -> str | None:
+        auth = self.headers.get("Authorization")
+        if auth and auth.lower().startswith("bearer "):
+            return auth[7:].strip()
+        return self.headers.get("x-api-key")
+
+    def _pick_fault(self, key: str, arrived: float) -> Event:
+        state = self.server.state
+        plan = state.plan
+        with state.lock:
+            attempt = state.attempts[key]
+            state.attempts[key] += 1
+            kind: str | None = None
+            capped = (
+                plan.max_faults_per_key is not None
+                and state.faults_of[key] >= plan.max_faults_per_key
+            )
+            if plan.rate > 0 and plan.kinds and not capped:
+                if _unit(plan.seed, key, attempt, "fault?") < plan.rate:
+                    pick = int(_unit(plan.seed, key, attempt, "kind") * len(plan.kinds))
+                    kind = plan.kinds[pick]
+                    state.faults_of[key] += 1
+            event = Event(key, attempt, kind, arrived)
+            state.events.append(event)
+            return event
+
+    # -- answers -------------------------------------------------------------------------------
+    def _answer(self, route: str, body: dict[str, Any], text: str) -> None:
+        state = self.server.state
+        n = int(body.get("n") or 1)
+        answers = [state.answer(text) + (f" #{i}" if i else "") for i in range(n)]
+        stops = body.get("stop") if route != "/messages" else body.get("stop_sequences")
+        if isinstance(stops, str):
+            stops = [stops]
+        finish = []
+        for i, a in enumerate(answers):
+            cut = min((a.find(s) for s in stops or [] if s and s in a), default=-1)
+            if cut >= 0:
+                answers[i] = a[:cut]
+            finish.append("stop")
+        prompt_tokens = word_count(text)
+        completion_tokens = sum(word_count(a) for a in answers)
+        model = body.get("model", "fault-model")
+        if route == "/completions":
+            self._send(
+                200,
+                {
+                    "id": "cmpl-fault",
+                    "object": "text_completion",
+                    "created": int(time.time()),
+                    "model": model,
+                    "choices": [
+                        {"index": i, "text": a, "finish_reason": f, "logprobs": None}
+                        for i, (a, f) in enumerate(zip(answers, finish, strict=True))
+                    ],
+                    "usage": {
+                        "prompt_tokens": prompt_tokens,
+                        "completion_tokens": completion_tokens,
+                        "total_tokens": prompt_tokens + completion_tokens,
+                        "prompt_tokens_details": {"cached_tokens": prompt_tokens // 2},
+                    },
+                },
+            )
+        elif route == "/chat/completions":
+            self._send(
+                200,
+                {
+                    "id": "chatcmpl-fault",
+                    "object": "chat.completion",
+                    "created": int(time.time()),
+                    "model": model,
+                    "choices": [
+                        {
+                            "index": i,
+                            "message": {"role": "assistant", "content": a},
+                            "finish_reason": f,
+                        }
+                        for i, (a, f) in enumerate(zip(answers, finish, strict=True))
+                    ],
+                    "usage": {
+                        "prompt_tokens": prompt_tokens,
+                        "completion_tokens": completion_tokens,
+                        "total_tokens": prompt_tokens + completion_tokens,
+                        "prompt_tokens_details": {"cached_tokens": prompt_tokens // 2},
+                    },
+                },
+            )
+        else:
+            self._send(
+                200,
+                {
+                    "id": "msg_fault",
+                    "type": "message",
+                    "role": "assistant",
+                    "model": model,
+                    "content": [{"type": "text", "text": answers[0]}],
+                    "stop_reason": "end_turn",
+                    "stop_sequence": None,
+                    "usage": {
+                        "input_tokens": prompt_tokens - prompt_tokens // 2,
+                        "cache_read_input_tokens": prompt_tokens // 2,
+                        "cache_creation_input_tokens": 0,
+                        "output_tokens": word_count(answers[0]),
+                    },
+                },
+            )
+
+    def _error(
+        self, route: str, status: int, message: str, headers: dict[str, str] | None = None
+    ) -> None:
+        if route == "/messages":
+            kind = {429: "rate_limit_error", 503: "overloaded_error"}.get(status, "api_error")
+            payload: dict[str, Any] = {"type": "error", "error": {"type": kind, "message": message}}
+        else:
+            payload = {"error": {"message": message, "type": "server_error", "code": status}}
+        self._send(status, payload, headers)
+
+    def _inject(self, fault: str, route: str) -> None:
+        plan = self.server.state.plan
+        if fault == "timeout":
+            time.sleep(plan.timeout_s)
+            try:
+                self._error(route, 504, "too slow")
+            except OSError:
+                pass  # the client has gone
+        elif fault == "429":
+            self._error(route, 429, "rate limited", {"Retry-After": plan.retry_after})
+        elif fault in ("500", "503"):
+            self._error(route, int(fault), f"injected {fault}")
+        elif fault == "malformed":
+            self._send(200, b'{"id": "cmpl-fault", "object": "text_completion", "choices": [{"te')
+        elif fault == "reset":
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.connection.close()
+            self.close_connection = True
+        elif fault == "drop":
+            self.connection.shutdown(socket.SHUT_RDWR)
+            self.connection.close()
+            self.close_connection = True
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+    allow_reuse_address = True
+    state: _State
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # injected resets make the stdlib print tracebacks; they are expected
+
+
+class FaultServer:
+    """The server, run in a background thread on 127.0.0.1 (a free port unless given)."""
+
+    def __init__(
+        self,
+        plan: FaultPlan | None = None,
+        *,
+        answer: Callable[[str], str] = echo_answer,
+        api_key: str | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        self.plan = plan or FaultPlan()
+        self._httpd = _Server((host, port), _Handler)
+        self._httpd.state = _State(plan=self.plan, answer=answer, api_key=api_key)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self._httpd.server_address[1])
+
+    @property
+    def root(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        """The OpenAI-style base URL (``.../v1``)."""
+        return f"{self.root}/v1"
+
+    def start(self) -> FaultServer:
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> FaultServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- what happened -------------------------------------------------------------------------
+    @property
+    def events(self) -> list[Event]:
+        """Every request in arrival order (copies; a request in flight has ``answered=None``)."""
+        with self._httpd.state.lock:
+            return [dataclasses.replace(e) for e in self._httpd.state.events]
+
+    @property
+    def keys_seen(self) -> list[str]:
+        with self._httpd.state.lock:
+            return list(self._httpd.state.keys_seen)
+
+    @property
+    def bodies(self) -> list[dict[str, Any]]:
+        with self._httpd.state.lock:
+            return list(self._httpd.state.bodies)
+
+    def stats(self) -> dict[str, int]:
+        """``{"requests": n, "answered": n, <fault kind>: n, ...}``."""
+        counts: Counter[str] = Counter()
+        for e in self.events:
+            counts["requests"] += 1
+            counts[e.fault or "answered"] += 1
+        return dict(counts)
