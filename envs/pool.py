@@ -509,7 +509,10 @@ class EnvPool(_PoolAPI):
         if self._closed:
             return
         self._closed = True
-        for worker in self._workers:
+        for index, worker in enumerate(self._workers):
+            if self._sent[index]:  # busy (perhaps hung): its answers are no longer wanted
+                worker.kill()
+                continue
             try:
                 worker.conn.send(("close",))
             except (OSError, EOFError):
