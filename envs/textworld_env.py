@@ -3,7 +3,7 @@
 The one module that adapts TextWorld's Inform 7 games: TextWorld's (state, score, done) becomes
 Gymnasium's 5-tuple here and nowhere else. One engine per env, reused across games: switching
 games calls the engine's ``load()`` after shutting the interpreter down, because TextWorld's
-``JerichoEnv.load`` alone leaks about 0.5 MiB per switch (see ``benchmarks/textworld_engine.py``).
+``JerichoEnv.load`` alone leaks about 0.5 MiB per switch (see ``benchmarks/bench_textworld_engine.py``).
 """
 
 from __future__ import annotations
