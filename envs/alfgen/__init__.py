@@ -1,0 +1,13 @@
+"""Offline generator of new ALFWorld games in the ``$ALFWORLD_DATA`` layout.
+
+``generate(out, per_type=, seed=)`` samples tasks of ALFWorld's six types in ALFRED's floor plans
+(as shipped with the alfworld package), checks each with the PDDL planner, replays the plan
+through :class:`envs.alfworld_env.ALFWorldEnv` to a win, and writes
+``json_2.1.1/<split>/<task folder>/<trial>/{game.tw-pddl,traj_data.json}``. alfworld and
+textworld are imported only when a game is made.
+"""
+
+from envs.alfgen.generator import GameFiles, GameMaker, generate
+from envs.alfgen.scenes import UNSEEN_EVAL_SCENES
+
+__all__ = ["UNSEEN_EVAL_SCENES", "GameFiles", "GameMaker", "generate"]
