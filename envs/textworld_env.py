@@ -310,7 +310,7 @@ class TextWorldEnv(gym.Env[str, str]):
         if self._engine is not None:
             try:
                 self._engine.close()
-            except Exception:  # noqa: BLE001 - closing a half-loaded engine must not mask the error
+            except Exception:  # closing a half-loaded engine must not mask the error
                 pass
         self._engine = None
         self._loaded = None

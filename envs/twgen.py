@@ -147,36 +147,53 @@ def _run_worker(spec: dict[str, Any], timeout_s: float) -> None:
         raise EnvError(
             f"TextWorld game generation took over {timeout_s:.0f} s: generate fewer games at once"
         ) from None
-    if proc.returncode != 0:
-        lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
-        last = lines[-1] if lines else f"exit status {proc.returncode}"
-        raise EnvError(f"TextWorld game generation failed: {last[:300]}")
+    result_file = Path(spec["result"])
+    result = json.loads(result_file.read_text()) if result_file.is_file() else None
+    if isinstance(result, dict) or proc.returncode != 0 or result is None:
+        if isinstance(result, dict):
+            reason = str(result.get("error"))
+        else:
+            lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+            reason = lines[-1] if lines else f"exit status {proc.returncode}"
+        raise EnvError(f"TextWorld game generation failed: {reason[:300]}")
 
 
 def _worker() -> None:
-    """Child side: read the spec from stdin, generate and compile each game, write the paths."""
+    """Child side: read the spec from stdin, generate and compile each game, write the result.
+
+    The result file holds the list of game paths, or ``{"error": one line}``.
+    """
     spec = json.loads(sys.stdin.read())
+    paths: list[str] = []
+    result: Any = paths
+    for i, game_seed in enumerate(spec["seeds"]):
+        try:
+            paths.append(_make_one(spec["challenge"], spec["settings"], game_seed, spec["out_dir"]))
+        except Exception as exc:  # reported to the parent as one line
+            lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+            detail = " / ".join(lines[:4])
+            result = {"error": f"game {i} (seed {game_seed}): {exc.__class__.__name__}: {detail}"}
+            break
+    Path(spec["result"]).write_text(json.dumps(result))
+
+
+def _make_one(challenge: str, settings: dict[str, Any], game_seed: int, out_dir: str) -> str:
     import textworld.challenges
     from textworld import GameOptions
     from textworld.generator import compile_game
 
-    make = textworld.challenges.CHALLENGES[spec["challenge"]][1]
-    out_dir = Path(spec["out_dir"])
-    paths: list[str] = []
-    for game_seed in spec["seeds"]:
-        options = GameOptions()
-        options.seeds = game_seed
-        options.file_ext = ".z8"
-        options.force_recompile = True
-        options.path = str(out_dir) + os.sep  # a folder: TextWorld names the file by the uuid
-        game = make(dict(spec["settings"]), options)
-        if not game.metadata.get("walkthrough") and game.walkthrough:
-            game.metadata["walkthrough"] = list(game.walkthrough)
-        game_file = Path(compile_game(game, options))
-        _pin_serial(game_file)
-        game_file.with_suffix(".ni").unlink(missing_ok=True)  # the Inform source, not needed
-        paths.append(str(game_file))
-    Path(spec["result"]).write_text(json.dumps(paths))
+    options = GameOptions()
+    options.seeds = game_seed
+    options.file_ext = ".z8"
+    options.force_recompile = True
+    options.path = out_dir + os.sep  # a folder: TextWorld names the file by the game's uuid
+    game = textworld.challenges.CHALLENGES[challenge][1](dict(settings), options)
+    if not game.metadata.get("walkthrough") and game.walkthrough:
+        game.metadata["walkthrough"] = list(game.walkthrough)
+    game_file = Path(compile_game(game, options))
+    _pin_serial(game_file)
+    game_file.with_suffix(".ni").unlink(missing_ok=True)  # the Inform source, not needed
+    return str(game_file)
 
 
 def _pin_serial(game_file: Path) -> None:

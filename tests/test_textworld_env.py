@@ -354,6 +354,13 @@ def test_bad_generator_counts(tmp_path: Path) -> None:
         generate_textworld_games(tmp_path, 1, -1)
 
 
+def test_generation_failure_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INFORM_HOME", str(tmp_path / "no-inform"))  # the compiler cannot be found
+    with pytest.raises(EnvError, match="generation failed: game 0 .*no-inform") as exc_info:
+        generate_textworld_games(tmp_path, 1, 0, "tw-cooking")
+    _one_line_error(exc_info)
+
+
 # -- the few-shot examples and the import rules -------------------------------------------------
 def test_examples_file_is_what_the_recorder_plays(game_files: list[Path], recorder: Any) -> None:
     by_folder = {p.parent.name: p for p in game_files}
