@@ -340,6 +340,11 @@ def _worker_main(conn: Connection, spec: EnvSpec) -> None:
     # Ctrl-C reaches the whole process group; the parent decides what happens to workers.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     envs: dict[int, Any] = {}
+    try:
+        # the env's module (not its engine) loads under the start allowance, not a call's timeout
+        resolve_kind(spec.kind)
+    except EnvError:
+        pass  # the first reset reports it
     conn.send(("ready", os.getpid()))
     while True:
         try:

@@ -214,7 +214,7 @@ def test_sync_pool_gives_the_same_answers(
 
 # -- crashes and hangs (a cheap env) -------------------------------------------------------------
 def test_hung_worker_times_out_and_is_replaced() -> None:
-    with EnvPool(SLEEPY, workers=2, timeout_s=1.5) as pool:
+    with EnvPool(SLEEPY, workers=2, timeout_s=5) as pool:
         pool.reset_many({0: Reset("a"), 1: Reset("b")})
         assert pool.step(0, "heavy").observation == ""  # nothing heavy imported in a worker
         pool.step(0, "wave")
@@ -257,7 +257,7 @@ def test_worker_exit_and_env_errors() -> None:
 
 def test_more_slots_than_workers() -> None:
     """Slots share a worker in turn; a hang takes every episode on that worker with it."""
-    with EnvPool(SLEEPY, workers=2, slots=4, timeout_s=1.5) as pool:
+    with EnvPool(SLEEPY, workers=2, slots=4, timeout_s=5) as pool:
         started = pool.reset_many({s: Reset(f"g{s}") for s in range(4)})
         assert {r.info["pid"] for r in started.values()} == {pool.pid(0), pool.pid(1)}  # type: ignore[union-attr]
         results = pool.step_many({0: "wave", 2: "sleep 60", 1: "wave", 3: "wave"})
