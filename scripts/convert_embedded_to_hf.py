@@ -25,8 +25,23 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+# The GGUF carries no chat template (it is the base model). This one writes Gemma's turn format,
+# so chat-message requests (reflections) can be rendered too; the BOS comes from the template.
+GEMMA_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{% set role = 'model' if message['role'] == 'assistant' else 'user' %}"
+    "{% if message['role'] == 'system' %}"
+    "{{ '<start_of_turn>user\n' + message['content'] | trim + '<end_of_turn>\n' }}"
+    "{% else %}"
+    "{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
 DEFAULT_OUT = Path.home() / ".cache" / "reflexsim" / "gemma3-270m-hf"
 MARKER = "reflexsim-source.json"
+FORMAT = 2  # bump when the checkpoint written here changes; older folders are converted again
 
 
 def default_out() -> Path:
@@ -41,9 +56,27 @@ def is_converted(out: Path, sha256: str) -> bool:
     if not (marker.is_file() and (out / "config.json").is_file()):
         return False
     try:
-        return json.loads(marker.read_text()).get("gguf_sha256") == sha256
+        info = json.loads(marker.read_text())
     except (OSError, ValueError):
         return False
+    return info.get("gguf_sha256") == sha256 and info.get("format") == FORMAT
+
+
+def _drop_gguf_quantizer(model: object) -> None:
+    """Make a dequantized GGUF model saveable as a plain checkpoint.
+
+    Recent transformers keep a GGUF quantizer on the model even when every weight was unpacked
+    (no matmul kernel for these types on CPU), and refuse to save it; older ones attach none.
+    """
+    packed = [type(m).__name__ for m in model.modules() if "gguf" in type(m).__name__.lower()]  # type: ignore[attr-defined]
+    if packed or not all(p.dtype.is_floating_point for p in model.parameters()):  # type: ignore[attr-defined]
+        raise RuntimeError(
+            f"the GGUF weights were kept packed ({sorted(set(packed))}); "
+            "uninstall the `kernels` package from this venv so transformers dequantizes them"
+        )
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None:
+        quantizer.remove_quantization_config(model)
 
 
 def convert(out: Path, *, dtype: str = "bfloat16", force: bool = False) -> Path:
@@ -63,20 +96,25 @@ def convert(out: Path, *, dtype: str = "bfloat16", force: bool = False) -> Path:
     model = AutoModelForCausalLM.from_pretrained(
         str(gguf_path.parent), gguf_file=gguf_path.name, dtype=getattr(torch, dtype)
     )
+    _drop_gguf_quantizer(model)
+    if not getattr(tokenizer, "chat_template", None):
+        tokenizer.chat_template = GEMMA_CHAT_TEMPLATE
     out.parent.mkdir(parents=True, exist_ok=True)
     # Write next to the target and rename, so an interrupted run never leaves a half checkpoint
     # that a later run would take as done.
     tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
+    tmp.chmod(0o755)
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / MARKER).write_text(
             json.dumps(
                 {
+                    "format": FORMAT,
                     "gguf": embedded.MODEL_NAME,
                     "gguf_sha256": sha256,
                     "dtype": dtype,
-                    "chat_template": bool(getattr(tokenizer, "chat_template", None)),
+                    "chat_template": tokenizer.chat_template,
                 },
                 indent=2,
             )
@@ -87,7 +125,10 @@ def convert(out: Path, *, dtype: str = "bfloat16", force: bool = False) -> Path:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    print(f"converted {gguf_path.name} -> {out} in {time.perf_counter() - started:.1f}s", file=sys.stderr)
+    print(
+        f"converted {gguf_path.name} -> {out} in {time.perf_counter() - started:.1f}s",
+        file=sys.stderr,
+    )
     return out
 
 

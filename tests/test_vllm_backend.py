@@ -1,0 +1,333 @@
+"""vLLM backend: the pure mappings (run anywhere) and a real engine run on CPU (opt-in).
+
+The real run needs a python with vllm (``scripts/setup_vllm_cpu.sh`` makes ``.venv-vllm``); point
+``REFLEXSIM_VLLM_PYTHON`` at it. It is skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agents.llm.base import (
+    Completion,
+    GenerationConfig,
+    Message,
+    MissingDependencyError,
+    Request,
+    SpecError,
+)
+from agents.llm.vllm_backend import (
+    VLLM_FINISH_REASONS,
+    VLLMBackend,
+    engine_kwargs,
+    sampling_params_kwargs,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = REPO / "scripts"
+
+# ---------------------------------------------------------------------------------------------
+# SamplingParams / LLM keyword mapping
+
+
+def test_sampling_params_default_act_config() -> None:
+    assert sampling_params_kwargs(GenerationConfig()) == {
+        "n": 1,
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "max_tokens": 100,
+        "stop": ["\n"],
+        "seed": 0,
+    }
+
+
+@pytest.mark.parametrize("max_tokens", [1, 16, 100, 256, 4096])
+def test_sampling_params_always_set_max_tokens(max_tokens: int) -> None:
+    # vLLM's own default is 16 tokens: never leave it to vLLM.
+    assert (
+        sampling_params_kwargs(GenerationConfig(max_tokens=max_tokens))["max_tokens"] == max_tokens
+    )
+
+
+def test_sampling_params_stop_seed_n() -> None:
+    config = GenerationConfig(
+        temperature=0.7, top_p=0.9, max_tokens=256, stop=("\n", "> "), seed=None, n=3
+    )
+    kwargs = sampling_params_kwargs(config)
+    assert kwargs["stop"] == ["\n", "> "]
+    assert kwargs["n"] == 3
+    assert kwargs["temperature"] == 0.7 and kwargs["top_p"] == 0.9
+    assert "seed" not in kwargs  # None = unseeded, not seed 0
+    assert sampling_params_kwargs(GenerationConfig(stop=()))["stop"] == []
+    assert sampling_params_kwargs(GenerationConfig(seed=42))["seed"] == 42
+
+
+def test_engine_kwargs_defaults() -> None:
+    assert engine_kwargs("org/model") == {
+        "model": "org/model",
+        "tensor_parallel_size": 1,
+        "gpu_memory_utilization": 0.9,
+        "enforce_eager": False,
+        "enable_prefix_caching": True,
+        "dtype": "auto",
+        "seed": 0,
+    }
+
+
+def test_engine_kwargs_coerces_spec_strings_and_passes_extras() -> None:
+    kwargs = engine_kwargs(
+        "/models/qwen",
+        tensor_parallel_size="2",
+        gpu_memory_utilization="0.5",
+        max_model_len="4096",
+        enforce_eager="true",
+        enable_prefix_caching="off",
+        seed="7",
+        kv_cache_memory_bytes=1 << 29,
+    )
+    assert kwargs["tensor_parallel_size"] == 2
+    assert kwargs["gpu_memory_utilization"] == 0.5
+    assert kwargs["max_model_len"] == 4096
+    assert kwargs["enforce_eager"] is True
+    assert kwargs["enable_prefix_caching"] is False
+    assert kwargs["seed"] == 7
+    assert kwargs["kv_cache_memory_bytes"] == 1 << 29
+
+
+@pytest.mark.parametrize(
+    ("options", "word"),
+    [
+        ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
+        ({"tensor_parallel_size": "two"}, "tensor_parallel_size"),
+        ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
+        ({"gpu_memory_utilization": "lots"}, "gpu_memory_utilization"),
+        ({"max_model_len": 0}, "max_model_len"),
+        ({"enforce_eager": "maybe"}, "enforce_eager"),
+        ({"seed": -1}, "seed"),
+    ],
+)
+def test_engine_kwargs_bad_values_name_the_option(options: dict[str, Any], word: str) -> None:
+    with pytest.raises(SpecError, match=word):
+        engine_kwargs("m", **options)
+
+
+def test_engine_kwargs_needs_a_model() -> None:
+    with pytest.raises(SpecError, match="vllm:<"):
+        engine_kwargs("  ")
+
+
+def test_mapping_is_accepted_by_real_vllm() -> None:
+    vllm = pytest.importorskip("vllm")
+    params = vllm.SamplingParams(**sampling_params_kwargs(GenerationConfig(stop=("\n",), seed=3)))
+    assert params.max_tokens == 100 and params.stop == ["\n"] and params.seed == 3
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(vllm.EngineArgs)}
+    assert set(engine_kwargs("m", max_model_len=512, kv_cache_memory_bytes=1)) <= fields
+
+
+# ---------------------------------------------------------------------------------------------
+# Missing dependency, lazy import
+
+
+def test_missing_vllm_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` raise ImportError
+    with pytest.raises(MissingDependencyError, match=r"pip install reflexsim\[vllm\]") as info:
+        VLLMBackend("some/model")
+    assert info.value.package == "vllm" and info.value.extra == "vllm"
+
+
+def test_bad_option_fails_before_importing_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    with pytest.raises(SpecError, match="tensor_parallel_size"):
+        VLLMBackend("some/model", tensor_parallel_size=0)
+
+
+def test_importing_the_module_does_not_import_vllm() -> None:
+    code = "import sys, agents.llm.vllm_backend; sys.exit('vllm' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Batching plumbing, against a stand-in ``vllm`` module (its "model" answers with canned text;
+# the real engine is exercised by the slow test below).
+
+
+class _Out(types.SimpleNamespace):
+    pass
+
+
+class _FakeTokenizer:
+    def apply_chat_template(self, messages: list[dict[str, str]], **kwargs: Any) -> str:
+        assert kwargs == {"tokenize": False, "add_generation_prompt": True}
+        return "<bos>" + "".join(f"[{m['role']}]{m['content']}" for m in messages) + "[model]"
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        assert add_special_tokens is False
+        return list(range(len(text.split("]"))))
+
+
+class _FakeLLM:
+    instances: list[_FakeLLM] = []
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.kwargs = kwargs
+        self.calls: list[tuple[list[Any], list[Any]]] = []
+        _FakeLLM.instances.append(self)
+
+    def get_tokenizer(self) -> _FakeTokenizer:
+        return _FakeTokenizer()
+
+    def generate(self, prompts: list[Any], params: list[Any], use_tqdm: bool = True) -> list[Any]:
+        self.calls.append((prompts, params))
+        outs = []
+        for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+            ids = prompt["prompt_token_ids"] if isinstance(prompt, dict) else prompt.split()
+            choices = [
+                _Out(
+                    text=f"go to desk {i}" + (f" #{k}" if k else ""),
+                    token_ids=[1, 2, 3],
+                    finish_reason="length" if i == 1 else "stop",
+                )
+                for k in range(p.kwargs["n"])
+            ]
+            outs.append(_Out(prompt_token_ids=list(ids), outputs=choices, num_cached_tokens=2 * i))
+        return outs
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
+    module = types.ModuleType("vllm")
+    module.LLM = _FakeLLM  # type: ignore[attr-defined]
+    module.SamplingParams = lambda **kw: types.SimpleNamespace(kwargs=kw)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vllm", module)
+    _FakeLLM.instances.clear()
+    return module
+
+
+def test_generate_sends_one_batched_call_in_order(
+    fake_vllm: types.ModuleType, caplog: pytest.LogCaptureFixture
+) -> None:
+    backend = VLLMBackend("m", enforce_eager=True)
+    assert _FakeLLM.instances == []  # the engine is built on first use, not by the constructor
+    act = GenerationConfig()
+    requests = [
+        Request(config=act, prompt="You are in a room.\n>"),
+        Request(config=GenerationConfig(max_tokens=7, n=2), prompt="Your task is to: x.\n>"),
+        Request(
+            config=GenerationConfig(max_tokens=256, stop=()),
+            messages=(Message("system", "Reflect."), Message("user", "You failed.")),
+            purpose="reflect",
+        ),
+    ]
+    with caplog.at_level(logging.INFO, logger="agents.llm.vllm"):
+        out = backend.generate(requests)
+        backend.generate(requests[:1])
+
+    (llm,) = _FakeLLM.instances
+    assert llm.kwargs["enforce_eager"] is True and llm.kwargs["enable_prefix_caching"] is True
+    assert len(llm.calls) == 2
+    prompts, params = llm.calls[0]
+    assert prompts[:2] == [requests[0].prompt, requests[1].prompt]
+    assert prompts[2]["prompt"] == "<bos>[system]Reflect.[user]You failed.[model]"
+    assert [p.kwargs["max_tokens"] for p in params] == [100, 7, 256]
+
+    assert all(isinstance(c, Completion) for c in out)
+    assert [c.text for c in out] == ["go to desk 0", "go to desk 1", "go to desk 2"]
+    assert out[1].alternatives == ("go to desk 1 #1",)
+    assert [c.finish_reason for c in out] == ["stop", "length", "stop"]
+    assert out[1].completion_tokens == 6  # both choices count
+    assert [c.cached_tokens for c in out] == [0, 2, 4]
+    assert out[0].prompt_tokens == 6  # the stand-in counts words
+    assert out[2].sent == prompts[2]["prompt"]
+    assert len({c.latency_s for c in out}) == 1  # one call: one wall time for the batch
+
+    lines = [r.getMessage() for r in caplog.records if r.name == "agents.llm.vllm"]
+    generate_lines = [line for line in lines if line.startswith("vllm generate")]
+    assert generate_lines == [
+        "vllm generate: batch=3 prompts (1 chat)",
+        "vllm generate: batch=1 prompts",
+    ]
+    assert backend.generate([]) == [] and len(llm.calls) == 2
+
+
+def test_describe_is_json_safe(fake_vllm: types.ModuleType) -> None:
+    backend = VLLMBackend("m", max_model_len="2048", kv_cache_memory_bytes=1 << 29)
+    info = json.loads(json.dumps(backend.describe()))
+    assert info["backend"] == "vllm" and info["model"] == "m"
+    assert info["engine"]["max_model_len"] == 2048
+    assert info["engine"]["enable_prefix_caching"] is True
+    assert "vllm_version" in info
+    backend.close()
+    backend.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# The real engine on CPU
+
+VLLM_PYTHON = os.environ.get("REFLEXSIM_VLLM_PYTHON")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not VLLM_PYTHON, reason="set REFLEXSIM_VLLM_PYTHON to a python with vllm")
+def test_real_vllm_cpu_batched_ticks(tmp_path: Path) -> None:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    convert = subprocess.run(
+        [str(VLLM_PYTHON), str(SCRIPTS / "convert_embedded_to_hf.py")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert convert.returncode == 0, convert.stderr[-3000:]
+    model = convert.stdout.strip().splitlines()[-1]
+
+    smoke = subprocess.run(
+        [str(VLLM_PYTHON), str(SCRIPTS / "vllm_smoke.py"), "--model", model],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert smoke.returncode == 0, smoke.stderr[-5000:]
+    result = json.loads(smoke.stdout.strip().splitlines()[-1])
+    tick1, tick2, replay = result["ticks"]
+
+    # One batched generate per tick, chat requests included in the same call.
+    assert result["log"] == [
+        "vllm generate: batch=4 prompts",
+        "vllm generate: batch=5 prompts (1 chat)",
+        "vllm generate: batch=4 prompts",
+    ]
+    for tick in result["ticks"]:
+        for c in tick["completions"]:
+            assert isinstance(c["text"], str)
+            assert c["prompt_tokens"] > 0 and c["completion_tokens"] > 0
+            assert c["finish_reason"] in {"stop", "length"} <= VLLM_FINISH_REASONS
+            assert c["completion_tokens"] <= 48
+    # Greedy decoding: the same prompts give the same texts.
+    assert [c["text"] for c in replay["completions"]] == [c["text"] for c in tick1["completions"]]
+    # Prefix caching: resent prompts and grown prompts reuse what tick 1 computed.
+    assert all(c["cached_tokens"] > 0 for c in replay["completions"])
+    assert all(c["cached_tokens"] > 0 for c in tick2["completions"][:4])
+    # Grown prompts are longer than the ones they extend (append-only transcript).
+    assert all(
+        b["prompt_tokens"] > a["prompt_tokens"]
+        for a, b in zip(tick1["completions"], tick2["completions"], strict=False)
+    )
+    assert tick2["chat_sent"].startswith("<bos><start_of_turn>user\n")
+    assert tick2["chat_sent"].endswith("<start_of_turn>model\n")
+    info = result["describe"]
+    assert info["vllm_version"] and info["engine"]["enable_prefix_caching"] is True
