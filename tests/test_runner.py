@@ -1,0 +1,218 @@
+"""The overnight runner: kill -9 and resume, faults, a killed worker, CLI errors, export."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from experiments.config import RunConfig
+from experiments.runner import run
+from experiments.store import RunStore
+from tests.fault_server import FaultPlan, FaultServer
+
+ROOT = Path(__file__).resolve().parent.parent
+SPLIT = "eval_out_of_distribution"
+
+
+def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "run_alfworld.py"), *args],
+        capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+    )  # fmt: skip
+
+
+def snapshot(run_dir: Path) -> dict:
+    """Everything that must be identical between an interrupted and an uninterrupted run."""
+    store = RunStore(run_dir, readonly=True)
+    try:
+        episodes = {
+            e.episode_id: (e.game, e.trial, e.status, e.won, e.failure_class, e.verdict, e.prompt_prefix, e.memory_json)
+            for e in store.episodes()
+        }
+        steps = {
+            eid: [(s.index, s.kind, s.raw_output, s.action, s.observation, s.admissible, s.won) for s in store.steps(eid)]
+            for eid in episodes
+        }
+        reflections = [(r.task, r.trial, r.text, r.prompt_hash) for r in store.reflections()]
+        counts = store.conn.execute(
+            "SELECT COUNT(*), COUNT(DISTINCT episode_id || '/' || idx) FROM steps"
+        ).fetchone()
+        return {"episodes": episodes, "steps": steps, "reflections": reflections, "rows": tuple(counts)}
+    finally:
+        store.close()
+
+
+@pytest.mark.slow
+def test_kill9_at_random_moments_then_resume_gives_identical_results(generated_games, tmp_path):
+    args = ["--model", "scripted:learner", "--data", str(generated_games), "--split", SPLIT,
+            "--games", "4", "--trials", "2", "--max-steps", "20", "--workers", "2", "--concurrency", "3"]  # fmt: skip
+    reference = tmp_path / "reference"
+    r = cli(*args, "--run-dir", str(reference))
+    assert r.returncode == 0, r.stderr
+    interrupted = tmp_path / "interrupted"
+    rng = random.Random(1234)
+    kills = 0
+    started = False
+    while kills < 10:
+        cmd = [sys.executable, str(ROOT / "run_alfworld.py"), *args]
+        cmd += ["--resume", str(interrupted)] if started else ["--run-dir", str(interrupted)]
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        time.sleep(rng.uniform(1.0, 6.0))
+        if proc.poll() is not None:
+            assert proc.returncode == 0, proc.stderr.read().decode()[-2000:] if proc.stderr else ""
+            break
+        os.killpg(proc.pid, signal.SIGKILL)  # the runner and its env workers, at once
+        proc.wait()
+        kills += 1
+        started = started or (interrupted / "run.sqlite").exists()
+    r = cli(*args, "--resume", str(interrupted))
+    assert r.returncode == 0, r.stderr
+    a, b = snapshot(reference), snapshot(interrupted)
+    assert b["rows"][0] == b["rows"][1]  # no step written twice
+    assert a["episodes"] == b["episodes"]
+    assert a["steps"] == b["steps"]
+    assert a["reflections"] == b["reflections"]
+    print(f"\nkilled {kills} times; {len(b['episodes'])} episodes, {b['rows'][0]} steps identical")
+
+
+def _look(prompt: str) -> str:
+    return " look"
+
+
+def test_fault_injecting_model_server_errors_are_infra_not_agent_failures(generated_games, tmp_path):
+    plan = FaultPlan(rate=0.2, seed=3, timeout_s=1.0, retry_after="0")
+    with FaultServer(plan, answer=_look) as server:
+        cfg = RunConfig(
+            model="openai:test", base_url=server.url, data=str(generated_games), split=SPLIT,
+            trials=2, max_steps=10, workers=2, concurrency=6, run_dir=str(tmp_path / "run"),
+            backend_options={"max_retries": 0, "timeout": 0.5, "backoff_base": 0.01, "jitter": 0.0},
+        )  # fmt: skip
+        run_dir = run(cfg)
+        stats = server.stats()
+    store = RunStore(run_dir, readonly=True)
+    episodes = store.episodes()
+    errored = [e for e in episodes if e.status == "error"]
+    done = [e for e in episodes if e.status == "done"]
+    assert errored, f"with no retries some requests must fail ({stats})"
+    assert all(e.failure_class == "infra_error" and not e.won and e.error for e in errored)
+    assert all(e.failure_class != "infra_error" for e in done)
+    assert {e.failure_class for e in done} <= {"repeated_action"}  # " look" forever
+    assert store.events("infra_error")
+    print(f"\n{len(errored)} infra-error episodes, {len(done)} agent episodes; server: {stats}")
+
+
+def test_retries_recover_every_request(generated_games, tmp_path):
+    plan = FaultPlan(rate=0.2, seed=4, timeout_s=1.0, retry_after="0")
+    with FaultServer(plan, answer=_look) as server:
+        cfg = RunConfig(
+            model="openai:test", base_url=server.url, data=str(generated_games), split=SPLIT,
+            trials=1, max_steps=10, workers=2, concurrency=6, run_dir=str(tmp_path / "run"),
+            backend_options={"max_retries": 8, "timeout": 0.5, "backoff_base": 0.01, "jitter": 0.0},
+        )  # fmt: skip
+        run_dir = run(cfg)
+    store = RunStore(run_dir, readonly=True)
+    assert all(e.status == "done" for e in store.episodes())
+    assert store.events("retry")
+
+
+class _KillingBackend:
+    """Scripted expert text; on its 4th call it SIGKILLs the env worker of slot 0."""
+
+    def __init__(self, pool) -> None:
+        from agents.llm import make_backend
+
+        self.inner = make_backend("scripted:expert")
+        self.name = "killer"
+        self.pool = pool
+        self.calls = 0
+
+    def generate(self, requests):
+        self.calls += 1
+        if self.calls == 4:
+            os.kill(self.pool.pid(0), signal.SIGKILL)
+            time.sleep(0.2)
+        return self.inner.generate(requests)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_worker_killed_mid_episode_is_resimulated(generated_games, tmp_path):
+    from agents.evaluators import make_evaluator
+    from agents.llm.base import GenerationConfig
+    from agents.parsing import GroundingRules
+    from envs.pool import EnvPool, EnvSpec
+    from experiments.rollout import Rollout, RolloutSettings
+    from experiments.runner import select_games
+    from experiments.trials import TrialSettings, run_trials
+
+    cfg = RunConfig(model="scripted:expert", data=str(generated_games), split=SPLIT, games=2, trials=1)
+    games = select_games(cfg)
+    store = RunStore(tmp_path / "run", create=True)
+    pool = EnvPool(EnvSpec(games.env_kind, games.env_kwargs), workers=2, timeout_s=60)
+    try:
+        backend = _KillingBackend(pool)
+        settings = RolloutSettings("reflexion", GenerationConfig(), make_evaluator("paper"), GroundingRules(), max_steps=30)
+        rollout = Rollout(backend, pool, store, settings)
+        ts = TrialSettings(arm="reflexion", trials=1, memory_size=3, evaluator="paper", reflect_model="x")
+        assert run_trials(store, games.tasks, rollout, backend, ts) is None
+    finally:
+        pool.close()
+    episodes = store.episodes()
+    assert len(episodes) == 2 and all(e.won for e in episodes)
+    assert sum(e.resimulated for e in episodes) == 1
+    assert len(store.events("worker_crash")) == 1
+
+
+def test_cli_errors_are_one_line_with_exit_code_2(generated_games, tmp_path):
+    ok = cli("--help")
+    assert ok.returncode == 0 and "--model" in ok.stdout
+    cases = [
+        (["--bogus-flag"], "unrecognized arguments"),
+        (["--data", str(tmp_path / "missing"), "--model", "scripted:expert"], "does not exist"),
+        (["--model", "nope:x", "--data", str(generated_games), "--split", SPLIT], "nope"),
+        (["--model", "scripted:expert", "--data", str(generated_games), "--split", "bogus"], "unknown split"),
+    ]
+    for args, needle in cases:
+        r = cli(*args, "--run-dir", str(tmp_path / "never"))
+        assert r.returncode == 2, (args, r.stderr)
+        assert needle in r.stderr, (args, r.stderr)
+        assert "Traceback" not in r.stderr
+        assert len(r.stderr.strip().splitlines()) <= 3, r.stderr  # usage + one error line at most
+    base = ["--model", "scripted:expert", "--data", str(generated_games), "--split", SPLIT, "--games", "1", "--trials", "1"]
+    first = tmp_path / "first"
+    assert cli(*base, "--run-dir", str(first)).returncode == 0
+    r = cli("--resume", str(first), "--max-steps", "7")
+    assert r.returncode == 2 and "different setup" in r.stderr and "max_steps" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    r = cli("--resume", str(first), "--max-steps", "7", "--force")
+    assert r.returncode == 0, r.stderr
+
+
+def test_export_reads_back(generated_games, tmp_path):
+    pd = pytest.importorskip("pandas")
+    cfg = RunConfig(model="scripted:learner", data=str(generated_games), split=SPLIT, games=2, trials=2,
+                    workers=2, run_dir=str(tmp_path / "run"))  # fmt: skip
+    run_dir = run(cfg)
+    from experiments.export import export
+
+    jl_episodes, jl_steps = export(run_dir, "jsonl")
+    cs_episodes, cs_steps = export(run_dir, "csv", tmp_path / "csv")
+    episodes = [json.loads(line) for line in jl_episodes.read_text().splitlines()]
+    steps = [json.loads(line) for line in jl_steps.read_text().splitlines()]
+    assert len(episodes) == 4 and {e["trial"] for e in episodes} == {0, 1}
+    with cs_steps.open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(steps) and rows[0]["episode_id"] == steps[0]["episode_id"]
+    df = pd.read_csv(cs_episodes)
+    assert int(df["won"].sum()) == 2
+    assert len(pd.read_json(jl_steps, lines=True)) == len(steps)
