@@ -17,7 +17,41 @@ from envs.alfgen.scenes import Receptacle, Scene, constants, make_id, pose_to_lo
 LAMP = "DeskLamp"
 # Where a desk lamp stands in ALFRED's rooms (it is not in the placement table: it is not
 # pickupable, only toggleable).
-LAMP_HOLDERS = ("Desk", "SideTable", "Dresser", "Shelf", "Nightstand")
+LAMP_HOLDERS = ("Desk", "SideTable", "Dresser", "Shelf")
+# How likely an object that fits is to be found on/in a receptacle type (a room's instances share
+# it, damped by the square root of their number): surfaces first, bins and basins rarely, so
+# dishes end up in cabinets and food on counters or in the fridge rather than in the garbage.
+PLAUSIBILITY = {
+    "CounterTop": 3.0,
+    "DiningTable": 3.0,
+    "Desk": 3.0,
+    "Fridge": 3.0,
+    "SideTable": 2.0,
+    "CoffeeTable": 2.0,
+    "Dresser": 2.0,
+    "Bed": 2.0,
+    "Sofa": 2.0,
+    "StoveBurner": 2.0,
+    "CoffeeMachine": 2.0,
+    "ToiletPaperHanger": 3.0,
+    "TowelHolder": 3.0,
+    "HandTowelHolder": 3.0,
+    "LaundryHamper": 2.0,
+    "ArmChair": 1.5,
+    "Shelf": 1.5,
+    "Cabinet": 1.5,
+    "Drawer": 1.5,
+    "Toilet": 1.0,
+    "Cart": 1.0,
+    "TVStand": 1.0,
+    "Ottoman": 1.0,
+    "BathtubBasin": 1.0,
+    "Microwave": 0.7,
+    "SinkBasin": 0.7,
+    "Safe": 0.7,
+    "GarbageCan": 0.4,
+}
+LAMP_PLAUSIBILITY = {"Desk": 3.0, "SideTable": 3.0, "Dresser": 2.0, "Shelf": 0.5}
 # The appliance a state-change task needs, which is never also its goal receptacle.
 DEVICE = {
     "pick_clean_then_place_in_recep": "SinkBasin",
@@ -136,23 +170,31 @@ def sample_task(scene: Scene, task_type: str, rng: random.Random) -> Task:
     taken: set[str] = {r.rid for r in scene.receptacles}
     objects: list[Placed] = []
     for _ in range(n_target):
-        objects.append(_place(target, rng.choice(starts), rng, taken))
+        objects.append(_place(target, _pick(starts, PLAUSIBILITY, rng), rng, taken))
 
     if toggle:
         holders = [r for r in scene.receptacles if r.rtype in LAMP_HOLDERS]
-        objects.append(_place(LAMP, rng.choice(holders), rng, taken))
+        objects.append(_place(LAMP, _pick(holders, LAMP_PLAUSIBILITY, rng), rng, taken))
 
     for otype in present:
         if otype == target:
             continue
         where = homes(otype)
         for _ in range(rng.choice(DISTRACTOR_COUNTS)):
-            objects.append(_place(otype, rng.choice(where), rng, taken))
+            objects.append(_place(otype, _pick(where, PLAUSIBILITY, rng), rng, taken))
 
     agent_loc = _start(scene, rng)
     sentence = _sentence(task_type, target, parent, toggle, rng)
     objects.sort(key=lambda p: p.oid)
     return Task(task_type, scene, target, parent, toggle, tuple(objects), agent_loc, sentence)
+
+
+def _pick(options: list[Receptacle], weights: dict[str, float], rng: random.Random) -> Receptacle:
+    counts: dict[str, int] = {}
+    for r in options:
+        counts[r.rtype] = counts.get(r.rtype, 0) + 1
+    w = [weights.get(r.rtype, 1.0) / counts[r.rtype] ** 0.5 for r in options]
+    return rng.choices(options, weights=w, k=1)[0]
 
 
 def _place(otype: str, receptacle: Receptacle, rng: random.Random, taken: set[str]) -> Placed:

@@ -1,0 +1,240 @@
+"""The offline ALFWorld game generator: real planner, real engine, real files.
+
+One game per task type is generated once per module (seed 0) and shared by the tests; the
+determinism test generates the same six again into a second folder and compares bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from envs.alfgen import UNSEEN_EVAL_SCENES, generate
+from envs.alfgen.generator import scenes_for
+from envs.alfworld_env import ALFWorldEnv
+from envs.discovery import SPLITS, TASK_TYPES
+from envs.errors import EnvError
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_DATA = ROOT.parent / "shared" / "alfworld_data"
+SEED = 0
+TASK_LINE = re.compile(r'"rhs": "Your task is to: (.*?)"')
+
+
+def real_data() -> Path | None:
+    value = os.environ.get("ALFWORLD_DATA")
+    for root in ([Path(value)] if value else []) + [SHARED_DATA]:
+        if (root / "json_2.1.1").is_dir() and any((root / "json_2.1.1").glob("*/*/*/game.tw-pddl")):
+            return root
+    return None
+
+
+@pytest.fixture(scope="module")
+def games(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Path]]:
+    root = tmp_path_factory.mktemp("gen_a")
+    argv, data_env = list(sys.argv), os.environ.get("ALFWORLD_DATA")
+    paths = generate(root, per_type=1, seed=SEED)
+    # The engine's translator rewrites sys.argv and importing alfworld sets $ALFWORLD_DATA:
+    # generate() must leave the process as it found it.
+    assert sys.argv == argv
+    assert os.environ.get("ALFWORLD_DATA") == data_env
+    return root, paths
+
+
+def template_of(sentence: str, folder: str) -> str:
+    """'put a clean mug in coffeemachine.' -> 'put a clean {obj} in {recep}.' (names from the folder)."""
+    _, obj, _, recep, _ = folder.split("-")
+    return sentence.replace(obj.lower(), "{obj}").replace(recep.lower(), "{recep}")
+
+
+# -- 1. all six task types, each won by its stored walkthrough through ALFWorldEnv ------------
+def test_all_six_types_in_alfworld_layout_and_won_by_walkthrough(games):
+    root, paths = games
+    assert len(paths) == 6
+    kinds = set()
+    for path in paths:
+        rel = path.relative_to(root).parts
+        assert rel[:2] == tuple(SPLITS["train"].split("/"))
+        assert rel[3].startswith("trial_T") and rel[4] == "game.tw-pddl"
+        task_type, obj, mrecep, recep, scene = rel[2].split("-")
+        assert mrecep == "None" and obj and recep and scene.isdigit()
+        traj = json.loads((path.parent / "traj_data.json").read_text())
+        assert traj["task_type"] == task_type
+        data = json.loads(path.read_text())
+        assert data["solvable"] is True and data["walkthrough"]
+        kinds.add(task_type)
+    assert kinds == set(TASK_TYPES)
+
+    env = ALFWorldEnv(data_dir=root, split="train", max_steps=50)
+    assert len(env.game_ids) == 6
+    for game_id in env.game_ids:
+        obs, info = env.reset(options={"game": game_id})
+        assert obs.startswith("You are in the middle of a room.")
+        assert not info["won"]
+        for command in info["walkthrough"]:
+            assert command in info["admissible_commands"], (game_id, command)
+            obs, reward, terminated, truncated, info = env.step(command)
+        assert info["won"] and terminated and reward == 1.0, game_id
+    env.close()
+
+
+# -- 2. determinism ------------------------------------------------------------------------------
+def _tree(root: Path) -> dict[str, bytes]:
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.mark.slow
+def test_same_seed_writes_identical_bytes(games, tmp_path):
+    root, _ = games
+    generate(tmp_path, per_type=1, seed=SEED)
+    first, second = _tree(root), _tree(tmp_path)
+    assert list(first) == list(second)
+    assert first == second
+
+
+def test_different_seed_gives_different_games(games, tmp_path):
+    root, _ = games
+    paths = generate(tmp_path, per_type=1, seed=SEED + 1, task_types=["put"])
+    ours = [p for p in _tree(root) if "/pick_and_place_simple-" in p and p.endswith("game.tw-pddl")]
+    assert len(paths) == 1 and len(ours) == 1
+    other = json.loads(paths[0].read_text())
+    mine = json.loads((root / ours[0]).read_text())
+    assert paths[0].parent.name != Path(ours[0]).parent.name
+    assert other["pddl_problem"] != mine["pddl_problem"]
+
+
+def test_game_index_does_not_depend_on_per_type(games, tmp_path):
+    root, _ = games
+    paths = generate(tmp_path, per_type=2, seed=SEED, task_types=["examine"])
+    first = paths[0].relative_to(tmp_path).as_posix()
+    assert (root / first).read_bytes() == paths[0].read_bytes()
+
+
+# -- 4. task sentences read like ALFWorld's ---------------------------------------------------
+def test_sentences_use_the_real_games_templates(games):
+    data = real_data()
+    if data is None:
+        pytest.skip("real ALFWorld games not present (set $ALFWORLD_DATA)")
+    real: dict[str, set[str]] = {}
+    for f in sorted((data / "json_2.1.1").glob("*/*/*/game.tw-pddl")):
+        folder = f.parent.parent.name
+        match = TASK_LINE.search(json.loads(f.read_text())["grammar"])
+        if match and folder.count("-") == 4:
+            real.setdefault(folder.split("-")[0], set()).add(template_of(match.group(1), folder))
+    root, paths = games
+    env = ALFWorldEnv(data_dir=root, split="train")
+    for game_id in env.game_ids:
+        folder = game_id.split("/")[2]
+        _, info = env.reset(options={"game": game_id})
+        task_type = folder.split("-")[0]
+        assert template_of(info["task"], folder) in real[task_type], (folder, info["task"])
+    env.close()
+
+
+def test_domain_and_grammar_are_the_released_games_own(games):
+    data = real_data()
+    if data is None:
+        pytest.skip("real ALFWorld games not present (set $ALFWORLD_DATA)")
+    real_file = sorted((data / "json_2.1.1").glob("*/*/*/game.tw-pddl"))[0]
+    real = json.loads(real_file.read_text())
+    real_task = TASK_LINE.search(real["grammar"]).group(1)  # type: ignore[union-attr]
+    _, paths = games
+    for path in paths:
+        ours = json.loads(path.read_text())
+        assert ours["pddl_domain"] == real["pddl_domain"]
+        our_task = TASK_LINE.search(ours["grammar"]).group(1)  # type: ignore[union-attr]
+        assert ours["grammar"].replace(our_task, real_task) == real["grammar"]
+
+
+def test_problems_have_the_real_form(games):
+    _, paths = games
+    for path in paths:
+        problem = json.loads(path.read_text())["pddl_problem"]
+        assert "(:domain alfred)" in problem and "(:goal" in problem
+        for pred in ("receptacleType", "objectType", "canContain", "pickupable", "inReceptacle"):
+            assert f"({pred} " in problem
+        assert "(opened " not in problem  # every openable receptacle starts closed
+        init = problem.split("(:init")[1].split("(:goal")[0]
+        ids = re.findall(r"\(objectType (\S+) \w+Type\)", init)
+        assert ids
+        assert all(
+            re.fullmatch(r"[A-Za-z]+(_bar_(_minus_|_plus_)?\d\d_dot_\d\d){3}", i) for i in ids
+        ), ids[:3]
+
+
+# -- scenes per split: no train game in an OOD-evaluation room ------------------------------------
+def test_splits_keep_ood_rooms_apart():
+    for task_type in TASK_TYPES:
+        train = set(scenes_for("train", task_type))
+        ood = set(scenes_for("eval_out_of_distribution", task_type))
+        assert train and ood, task_type
+        assert not train & set(UNSEEN_EVAL_SCENES)
+        assert ood <= set(UNSEEN_EVAL_SCENES)
+
+
+# -- 5. bad arguments: one-line EnvError, CLI exit code 2 -------------------------------------
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        ({"per_type": 0}, "per_type"),
+        ({"per_type": -3}, "per_type"),
+        ({"task_types": ["juggle"]}, "unknown task type"),
+        ({"task_types": []}, "task_types is empty"),
+        ({"seed": -1}, "seed"),
+        ({"split": "valid_unseen"}, "unknown split"),
+    ],
+)
+def test_bad_arguments_raise_one_line_env_errors(tmp_path, kwargs, needle):
+    args = {"per_type": 1, "seed": 0, **kwargs}
+    with pytest.raises(EnvError) as err:
+        generate(tmp_path / "out", **args)  # type: ignore[arg-type]
+    assert needle in str(err.value) and "\n" not in str(err.value)
+    assert not (tmp_path / "out").exists()  # nothing written on bad arguments
+
+
+def test_unwritable_out_dir_is_an_env_error(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    for out in (blocker, blocker / "below"):
+        with pytest.raises(EnvError) as err:
+            generate(out, per_type=1, seed=0)
+        assert str(out) in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [["--per-type", "0"], ["--task-types", "juggle"], ["--split", "nope"]],
+)
+def test_cli_bad_arguments_exit_2_with_one_line(tmp_path, extra):
+    cmd = [
+        sys.executable,
+        "-m",
+        "experiments.cli",
+        "games",
+        "generate",
+        "--out",
+        str(tmp_path),
+        *extra,
+    ]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("reflexsim: error: "), r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_importing_the_generator_stays_light():
+    code = "import sys, envs.alfgen; print(sorted(m for m in sys.modules if m.split('.')[0] in ('alfworld', 'textworld', 'fast_downward')))"
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
