@@ -1,0 +1,110 @@
+"""Replay one episode in the terminal, step by step, from the run store (read-only)."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import textwrap
+from pathlib import Path
+from typing import TextIO
+
+from experiments.errors import RunStoreError
+from experiments.report import episode_outcomes, open_run
+from experiments.store import RunStore, episode_id
+from experiments.viewer.data import prompt_memory
+
+# Model text may hold terminal escape sequences: never pass control characters through.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+_COLORS = {"won": "32", "failed": "31", "error": "33", "dim": "2", "bold": "1", "warn": "33"}
+
+
+def _clean(text: str) -> str:
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text.replace("\r\n", "\n"))
+
+
+def _use_color(out: TextIO) -> bool:
+    isatty = getattr(out, "isatty", None)
+    return bool(isatty and isatty()) and "NO_COLOR" not in os.environ
+
+
+def replay(run_dir: Path, game: str, trial: int, out: TextIO) -> None:
+    """Print episode ``game`` / ``trial`` of the run; plain text unless ``out`` is a terminal."""
+    color = _use_color(out)
+
+    def paint(text: str, style: str) -> str:
+        return f"\x1b[{_COLORS[style]}m{text}\x1b[0m" if color else text
+
+    def block(text: str, indent: str = "  ") -> str:
+        return textwrap.indent(_clean(text), indent, lambda line: True)
+
+    store = open_run(Path(run_dir))
+    try:
+        row = store.episode(episode_id(game, trial))
+        if row is None:
+            raise RunStoreError(_missing(store, game, trial, run_dir))
+        steps = store.steps(row.episode_id)
+        after = [r for r in store.reflections(row.game) if r.trial == row.trial]
+    finally:
+        store.close()
+
+    if row.won:
+        outcome = paint("WON", "won")
+    elif row.status == "error":
+        outcome = paint("ERROR (harness)", "error")
+    elif row.status in ("running", "interrupted"):
+        outcome = paint(row.status.upper(), "warn")
+    else:
+        outcome = paint("FAILED", "failed")
+    w = out.write
+    w(paint(f"{_clean(row.game)}  trial {row.trial}  [{row.arm}]", "bold") + f"  {outcome}\n")
+    if row.task:
+        w(f"task: {_clean(row.task)}\n")
+    w(f"type: {row.task_type}   steps: {len(steps)}   status: {row.status}\n")
+    memory = prompt_memory(row)
+    if memory:
+        w("\nreflections in the prompt:\n")
+        for r in memory:
+            w(f"  trial {r['trial']}:\n{block(r['text'], '    ')}\n")
+    w("\n" + block(row.observation, "") + "\n")
+    for s in steps:
+        w("\n")
+        if s.kind == "think":
+            w(paint(f"[{s.index}] ", "dim") + f"> {_clean(s.action)}\n")
+        elif s.kind == "invalid":
+            w(paint(f"[{s.index}] ", "dim") + paint("(invalid output)", "failed") + "\n")
+            w(block(s.raw_output or "(empty)", "    raw: ") + "\n")
+        else:
+            flag = "" if s.admissible else "  " + paint("[not admissible]", "warn")
+            w(paint(f"[{s.index}] ", "dim") + f"> {_clean(s.action)}{flag}\n")
+            if s.raw_output.strip() != s.action:
+                w(paint(block(s.raw_output, "    raw: "), "dim") + "\n")
+        w(block(s.observation) + "\n")
+        if s.verdict:
+            w(paint(f"  evaluator: {_clean(s.verdict)}", "failed") + "\n")
+    w("\n" + "-" * 60 + "\n")
+    w(f"outcome: {outcome}")
+    if row.failure_class and not row.won:
+        w(f"   failure class: {row.failure_class}")
+    w("\n")
+    if row.verdict:
+        w(f"evaluator verdict: {_clean(row.verdict)}\n")
+    if row.judge_verdict:
+        reason = f" ({_clean(row.judge_reason)})" if row.judge_reason else ""
+        w(f"judge verdict: {row.judge_verdict}{reason}\n")
+    if row.error:
+        w(f"harness error: {_clean(row.error)}\n")
+    if after:
+        w(f"\nreflection written after this trial:\n{block(after[0].text)}\n")
+
+
+def _missing(store: RunStore, game: str, trial: int, run_dir: Path) -> str:
+    outcomes = episode_outcomes(store)
+    games = sorted({o.game for o in outcomes})
+    if game in games:
+        trials = [o.trial for o in outcomes if o.game == game]
+        return f"game {game!r} has no trial {trial} in {str(run_dir)!r}: its trials are {trials}"
+    close = difflib.get_close_matches(game, games, n=1, cutoff=0.3)
+    hint = f": did you mean {close[0]!r}?" if close else f" (it has {len(games)} games)"
+    return f"no game {game!r} in {str(run_dir)!r}{hint}"

@@ -1,0 +1,663 @@
+/* reflexsim replay viewer.
+ * Run data (model output above all) is untrusted text: it reaches the page only through
+ * text nodes and textContent, never through innerHTML or attribute-parsed HTML. */
+"use strict";
+(() => {
+  const root = document.getElementById("app");
+  const MODE = root.dataset.mode === "static" ? "static" : "served";
+  const POLL_MS = 4000;
+  const state = {
+    data: null,
+    filters: { type: "", arm: "", outcome: "" },
+    openStep: null,
+    timer: null,
+    shown: "",
+  };
+
+  // -- DOM helpers -------------------------------------------------------------------------
+  function h(tag, props, ...kids) {
+    const node = document.createElement(tag);
+    for (const [key, value] of Object.entries(props || {})) {
+      if (value === null || value === undefined || value === false) continue;
+      if (key === "class") node.className = value;
+      else if (key === "text") node.textContent = String(value);
+      else if (key === "testid") node.dataset.testid = value;
+      else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+      else node.setAttribute(key, String(value));
+    }
+    put(node, ...kids);
+    return node;
+  }
+  function put(node, ...kids) {
+    for (const kid of kids.flat()) {
+      if (kid === null || kid === undefined || kid === false) continue;
+      node.append(kid instanceof Node ? kid : document.createTextNode(String(kid)));
+    }
+  }
+  function clear(node) {
+    while (node.firstChild) node.removeChild(node.firstChild);
+  }
+  function pct(x) {
+    return (100 * x).toFixed(1) + "%";
+  }
+  function has(obj, key) {
+    return obj !== null && typeof obj === "object" && Object.prototype.hasOwnProperty.call(obj, key);
+  }
+  function table(header, rows, testid) {
+    return h(
+      "table",
+      { testid },
+      h("thead", null, h("tr", null, header.map((c) => h("th", { text: c })))),
+      h("tbody", null, rows.map((r) => h("tr", null, r.map((c) => h("td", null, c))))),
+    );
+  }
+
+  // -- data --------------------------------------------------------------------------------
+  async function getJSON(url) {
+    const response = await fetch(url, { cache: "no-store", credentials: "same-origin" });
+    if (!response.ok) throw new Error(`${url}: HTTP ${response.status}`);
+    return response.json();
+  }
+  async function loadIndex() {
+    if (MODE === "static") {
+      return JSON.parse(document.getElementById("reflexsim-data").textContent);
+    }
+    return getJSON("/api/run");
+  }
+  async function loadEpisode(runId, id) {
+    if (MODE === "static") {
+      const perRun = state.data.details[String(runId)];
+      return has(perRun, id) ? perRun[id] : null;
+    }
+    try {
+      return await getJSON("/api/episode?id=" + encodeURIComponent(id));
+    } catch (err) {
+      return null;
+    }
+  }
+  async function loadPrompt(detail, index) {
+    if (MODE === "static") {
+      // The same text as agents.prompting.actor_prompt(prefix, observation, steps[:index]).
+      let prompt = state.data.prefixes[detail.prefix_ref] + detail.observation;
+      for (const s of detail.steps.slice(0, index)) {
+        prompt += "\n> " + s.history_action + "\n" + s.observation;
+      }
+      return prompt + "\n>";
+    }
+    const url = `/api/prompt?id=${encodeURIComponent(detail.id)}&step=${index}`;
+    return (await getJSON(url)).prompt;
+  }
+  function runById(runId) {
+    return state.data.runs.find((r) => String(r.id) === String(runId)) || null;
+  }
+
+  // -- outcomes ----------------------------------------------------------------------------
+  function outcomeOf(ep) {
+    if (ep.won) return "won";
+    if (ep.status === "error") return "error";
+    if (ep.status === "running" || ep.status === "interrupted") return "running";
+    return "failed";
+  }
+  const OUTCOME_TEXT = { won: "✓ won", failed: "✗ failed", error: "! error", running: "… running" };
+
+  function tasksOf(run) {
+    const tasks = new Map();
+    for (const ep of run.episodes) {
+      if (!tasks.has(ep.game)) tasks.set(ep.game, { run, game: ep.game, type: ep.task_type, byTrial: {} });
+      tasks.get(ep.game).byTrial[ep.trial] = ep;
+    }
+    for (const t of run.trials) {
+      for (const game of t.tasks) {
+        if (!tasks.has(game)) tasks.set(game, { run, game, type: "", byTrial: {} });
+      }
+    }
+    return [...tasks.values()];
+  }
+  function taskOutcome(task) {
+    const eps = Object.values(task.byTrial);
+    if (eps.some((e) => e.won)) return "solved";
+    if (eps.some((e) => e.status === "running" || e.status === "interrupted")) return "running";
+    if (eps.some((e) => e.status === "error")) return "error";
+    return "unsolved";
+  }
+  function episodeLink(run, id) {
+    return `#/episode/${run.id}/${encodeURIComponent(id)}`;
+  }
+  function compareLink(run, game, trial) {
+    return `#/compare/${run.id}/${encodeURIComponent(game)}/${trial}`;
+  }
+
+  // -- overview ----------------------------------------------------------------------------
+  function runHeader(run) {
+    const s = run.summary || {};
+    const status = run.status
+      ? run.status.complete
+        ? "complete"
+        : "stopped: " + (run.status.stopped || "")
+      : "in progress (or interrupted)";
+    return h(
+      "div",
+      { class: "run-header", testid: "run-header" },
+      h("h2", null, run.label),
+      h(
+        "p",
+        null,
+        h("span", { class: "tag", text: "model " + run.model }),
+        h("span", { class: "tag", text: "arm " + run.arm }),
+        h("span", { class: "tag", text: "evaluator " + run.evaluator }),
+        h("span", { class: "tag", text: status }),
+      ),
+      s.total_tasks === undefined
+        ? null
+        : h(
+            "p",
+            null,
+            `Solved ${s.solved} of ${s.total_tasks} tasks (${pct(s.success_rate)}), cumulative over ` +
+              `${s.trials.length} trial(s); ${s.errors} errored episode(s) (harness, not agent). ` +
+              `Tokens: ${s.tokens.prompt} prompt (${s.tokens.cached_prompt} cached), ` +
+              `${s.tokens.completion} completion; cost $${Number(s.cost_usd).toFixed(4)}; ` +
+              `wall ${Math.round(s.wall_s)} s.`,
+          ),
+    );
+  }
+  function summaryTables(run) {
+    const s = run.summary;
+    if (!s) return null;
+    const trials = table(
+      ["trial", "tasks run", "newly solved", "cumulative solved", "success", "errors"],
+      s.trials.map((t) => [
+        String(t.trial),
+        String(t.tasks_run),
+        String(t.newly_solved),
+        String(t.cumulative_solved),
+        pct(t.success_rate),
+        String(t.errors),
+      ]),
+      "trials-table",
+    );
+    const types = table(
+      ["task type", "tasks", "solved", "success"],
+      Object.keys(s.by_task_type)
+        .sort()
+        .map((k) => {
+          const v = s.by_task_type[k];
+          return [k, String(v.total), String(v.solved), pct(v.total ? v.solved / v.total : 0)];
+        }),
+      "type-table",
+    );
+    const failures = table(
+      ["failure class", "episodes"],
+      Object.keys(s.failure_classes).map((k) => [k, String(s.failure_classes[k])]),
+      "failure-table",
+    );
+    return h(
+      "div",
+      { class: "summary" },
+      h("div", null, h("h3", { text: "Trials (cumulative success)" }), trials),
+      h("div", null, h("h3", { text: "By task type" }), types),
+      h("div", null, h("h3", { text: "Failure classes" }), failures),
+    );
+  }
+  function comparisonTable(rows) {
+    const money = (x) => (x === null || x === undefined ? "–" : "$" + Number(x).toFixed(4));
+    const num = (x) => (x === null || x === undefined ? "–" : String(Math.round(x)));
+    return h(
+      "section",
+      null,
+      h("h2", { text: "Model comparison" }),
+      table(
+        ["run", "model", "arm", "tasks", "success trial 0", "success last trial", "tokens / solved",
+          "cost / solved", "wall", "errors"],
+        rows.map((r) => [
+          r.label, r.model, r.arm, String(r.total_tasks), pct(r.success_trial0),
+          `${pct(r.success_last)} (trial ${r.last_trial})`, num(r.tokens_per_solved),
+          money(r.cost_per_solved), `${Math.round(r.wall_s)} s`, String(r.errors),
+        ]),
+        "comparison-table",
+      ),
+    );
+  }
+  function plots() {
+    const images = [];
+    for (const [name, alt] of [["learning_curve", "learning curve"], ["failures", "failure classes per trial"]]) {
+      const src = state.data.plots && state.data.plots[name];
+      if (typeof src === "string" && src.startsWith("data:image/png;base64,")) {
+        images.push(h("img", { src, alt, class: "plot", testid: "plot-" + name }));
+      }
+    }
+    return images.length ? h("section", { class: "plots" }, images) : null;
+  }
+  function taskTypes(tasks) {
+    return [...new Set(tasks.map((t) => t.type).filter(Boolean))].sort();
+  }
+  function select(label, key, options) {
+    const node = h(
+      "select",
+      {
+        testid: "filter-" + key,
+        onchange: (ev) => {
+          state.filters[key] = ev.target.value;
+          renderTaskRows();
+        },
+      },
+      h("option", { value: "", text: "all" }),
+      options.map((o) => h("option", { value: o, text: o })),
+    );
+    node.value = state.filters[key];
+    return h("label", null, label + " ", node);
+  }
+  function taskList() {
+    const tasks = state.data.runs.flatMap(tasksOf);
+    const arms = [...new Set(state.data.runs.map((r) => r.arm))].sort();
+    return h(
+      "section",
+      { class: "tasks" },
+      h("h2", { text: "Tasks" }),
+      h(
+        "div",
+        { class: "filters" },
+        select("task type", "type", taskTypes(tasks)),
+        select("arm", "arm", arms),
+        select("outcome", "outcome", ["solved", "unsolved", "error", "running"]),
+        h("span", { class: "count", testid: "task-count" }),
+      ),
+      h("table", { class: "task-table", testid: "task-table" }),
+    );
+  }
+  function renderTaskRows() {
+    const tableNode = root.querySelector('[data-testid="task-table"]');
+    if (!tableNode) return;
+    clear(tableNode);
+    const f = state.filters;
+    const tasks = state.data.runs.flatMap(tasksOf).filter((t) => {
+      if (f.type && t.type !== f.type) return false;
+      if (f.arm && t.run.arm !== f.arm) return false;
+      if (f.outcome === "unsolved") return taskOutcome(t) !== "solved";
+      if (f.outcome && taskOutcome(t) !== f.outcome) return false;
+      return true;
+    });
+    let maxTrial = 0;
+    for (const run of state.data.runs) {
+      for (const ep of run.episodes) maxTrial = Math.max(maxTrial, ep.trial);
+      for (const t of run.trials) maxTrial = Math.max(maxTrial, t.trial);
+    }
+    const trialNumbers = [...Array(maxTrial + 1).keys()];
+    const multi = state.data.runs.length > 1;
+    tableNode.append(
+      h(
+        "thead",
+        null,
+        h(
+          "tr",
+          null,
+          multi ? h("th", { text: "run" }) : null,
+          h("th", { text: "task" }),
+          h("th", { text: "type" }),
+          trialNumbers.map((k) => h("th", { text: "trial " + k })),
+        ),
+      ),
+    );
+    const body = h("tbody");
+    for (const task of tasks) {
+      let solvedAt = null;
+      const cells = trialNumbers.map((k) => {
+        const ep = task.byTrial[k];
+        if (!ep) {
+          return h("td", { class: solvedAt !== null ? "cell solved-earlier" : "cell", text: solvedAt !== null ? "·" : "" });
+        }
+        if (ep.won && solvedAt === null) solvedAt = k;
+        const outcome = outcomeOf(ep);
+        const title = [ep.failure_class, ep.verdict, `${ep.steps} steps`].filter(Boolean).join(" · ");
+        return h(
+          "td",
+          { class: "cell " + outcome },
+          h("a", { href: episodeLink(task.run, ep.id), title, testid: "cell", "data-trial": k, "data-outcome": outcome },
+            OUTCOME_TEXT[outcome]),
+          k > 0 && task.byTrial[0]
+            ? h("a", { href: compareLink(task.run, task.game, k), class: "vs", testid: "compare-link", title: "side by side with trial 0" }, "vs 0")
+            : null,
+        );
+      });
+      body.append(
+        h(
+          "tr",
+          { testid: "task-row", "data-game": task.game },
+          multi ? h("td", { text: task.run.label }) : null,
+          h("td", { class: "game", text: task.game }),
+          h("td", { text: task.type }),
+          cells,
+        ),
+      );
+    }
+    tableNode.append(body);
+    const count = root.querySelector('[data-testid="task-count"]');
+    if (count) count.textContent = `${tasks.length} task(s)`;
+  }
+  function renderOverview() {
+    clear(root);
+    put(root, 
+      h("h1", { text: "reflexsim replay" }),
+      state.data.comparison ? comparisonTable(state.data.comparison) : null,
+      state.data.runs.map((run) => h("section", { class: "run" }, runHeader(run), summaryTables(run))),
+      plots(),
+      taskList(),
+    );
+    renderTaskRows();
+  }
+
+  // -- one episode -------------------------------------------------------------------------
+  function kindText(step) {
+    if (step.kind === "think") return "thought";
+    if (step.kind === "invalid") return "invalid";
+    return step.admissible ? "action" : "inadmissible";
+  }
+  function stepClasses(step) {
+    const classes = ["step", "kind-" + step.kind];
+    if (step.kind === "act" && !step.admissible) classes.push("inadmissible");
+    if (step.won) classes.push("won");
+    if (step.verdict) classes.push("has-verdict");
+    return classes.join(" ");
+  }
+  function actionText(step) {
+    if (step.kind === "think") return step.action.replace(/^think:\s*/i, "");
+    if (step.kind === "invalid") return "(no action: unparseable output)";
+    return step.action;
+  }
+  function memoryList(memory, heading, testid) {
+    return h(
+      "section",
+      { class: "memory", testid },
+      h("h3", { text: heading }),
+      memory.length
+        ? h("ol", null, memory.map((r) => h("li", null, h("span", { class: "trial-tag", text: `trial ${r.trial}` }), h("div", { class: "model-text", text: r.text }))))
+        : h("p", { class: "muted", text: "(none)" }),
+    );
+  }
+  function field(label, value, testid) {
+    if (value === null || value === undefined || value === "") return null;
+    return [h("dt", { text: label }), h("dd", { text: String(value), testid })];
+  }
+  function outcomeBadge(detail) {
+    const outcome = outcomeOf(detail);
+    return h("span", { class: "badge " + outcome, testid: "outcome", text: OUTCOME_TEXT[outcome] });
+  }
+  function stepDetail(detail, step) {
+    const promptBox = h("pre", { class: "prompt hidden", testid: "prompt" });
+    const button = h("button", {
+      type: "button",
+      testid: "show-prompt",
+      text: "Show the exact prompt",
+      onclick: async (ev) => {
+        ev.stopPropagation();
+        if (!promptBox.classList.contains("hidden")) {
+          promptBox.classList.add("hidden");
+          button.textContent = "Show the exact prompt";
+          return;
+        }
+        button.textContent = "Loading…";
+        try {
+          promptBox.textContent = await loadPrompt(detail, step.index);
+        } catch (err) {
+          promptBox.textContent = "could not load the prompt: " + err.message;
+        }
+        promptBox.classList.remove("hidden");
+        button.textContent = "Hide the prompt";
+      },
+    });
+    return h(
+      "div",
+      { class: "step-detail", testid: "step-detail", onclick: (ev) => ev.stopPropagation() },
+      h(
+        "dl",
+        null,
+        field("step", step.index),
+        field("kind", kindText(step), "detail-kind"),
+        h("dt", { text: "model output (raw)" }),
+        h("dd", null, h("pre", { class: "model-text", testid: "raw-output", text: step.raw_output })),
+        field(step.kind === "think" ? "thought" : "executed action", step.action, "detail-action"),
+        h("dt", { text: "observation" }),
+        h("dd", null, h("pre", { testid: "detail-observation", text: step.observation })),
+        field("admissible", step.admissible ? "yes" : "no"),
+        field("tokens", `${step.prompt_tokens} prompt (${step.cached_tokens} cached), ${step.completion_tokens} completion`),
+        field("latency", `${Number(step.latency_s).toFixed(3)} s`),
+        field("evaluator verdict", step.verdict, "detail-verdict"),
+      ),
+      button,
+      promptBox,
+    );
+  }
+  function stepsTable(run, detail) {
+    const body = h("tbody");
+    for (const step of detail.steps) {
+      const row = h(
+        "tr",
+        { class: stepClasses(step), testid: "step", "data-index": step.index, tabindex: 0 },
+        h("td", { class: "idx", text: String(step.index) }),
+        h("td", { class: "kind", text: kindText(step) }),
+        h("td", { class: "action model-text", text: actionText(step) }),
+        h("td", { class: "obs", text: step.observation }),
+      );
+      const toggle = () => {
+        const next = row.nextElementSibling;
+        if (next && next.classList.contains("detail-row")) {
+          next.remove();
+          state.openStep = null;
+          return;
+        }
+        for (const other of body.querySelectorAll(".detail-row")) other.remove();
+        row.after(h("tr", { class: "detail-row" }, h("td", { colspan: 4 }, stepDetail(detail, step))));
+        state.openStep = step.index;
+        history.replaceState(null, "", `${episodeLink(run, detail.id)}/${step.index}`);
+      };
+      row.addEventListener("click", toggle);
+      row.addEventListener("keydown", (ev) => {
+        if (ev.key === "Enter") toggle();
+      });
+      body.append(row);
+    }
+    return h(
+      "table",
+      { class: "steps", testid: "steps" },
+      h("thead", null, h("tr", null, ["#", "kind", "thought / action", "observation"].map((c) => h("th", { text: c })))),
+      body,
+    );
+  }
+  function otherTrials(run, detail) {
+    const eps = run.episodes.filter((e) => e.game === detail.game).sort((a, b) => a.trial - b.trial);
+    return h(
+      "p",
+      { class: "trials-nav" },
+      "Trials: ",
+      eps.map((e) => [
+        e.id === detail.id
+          ? h("strong", { text: `${e.trial}` })
+          : h("a", { href: episodeLink(run, e.id), text: `${e.trial}` }),
+        " ",
+      ]),
+      detail.trial > 0 && eps.some((e) => e.trial === 0)
+        ? h("a", { href: compareLink(run, detail.game, detail.trial), testid: "compare-link", class: "vs" }, `side by side with trial 0`)
+        : null,
+    );
+  }
+  async function renderEpisode(runId, id, stepIndex) {
+    const run = runById(runId);
+    const detail = run ? await loadEpisode(runId, id) : null;
+    clear(root);
+    put(root, h("p", null, h("a", { href: "#/", testid: "back", text: "← all tasks" })));
+    if (!detail) {
+      put(root, h("p", { class: "error", text: "no such episode: " + id }));
+      return null;
+    }
+    put(root, 
+      h(
+        "section",
+        { class: "episode", testid: "episode" },
+        h("h2", null, outcomeBadge(detail), " ", h("span", { class: "game", text: detail.game })),
+        otherTrials(run, detail),
+        h(
+          "dl",
+          { class: "facts" },
+          field("task", detail.task, "task"),
+          field("type", detail.task_type),
+          field("trial", detail.trial, "trial"),
+          field("arm", detail.arm),
+          field("status", detail.status),
+          field("failure class", detail.failure_class, "failure-class"),
+          field("evaluator verdict", detail.verdict, "verdict"),
+          field("judge (LLM) verdict", detail.judge_verdict && `${detail.judge_verdict}${detail.judge_reason ? ": " + detail.judge_reason : ""}`, "judge"),
+          field("harness error", detail.error, "error"),
+          field("attempts", detail.attempts > 1 ? detail.attempts : null),
+          field("re-simulated", detail.resimulated || null),
+        ),
+        memoryList(detail.memory, "Reflections in this episode's prompt", "memory"),
+        detail.reflection
+          ? h("section", { class: "memory", testid: "reflection-after" }, h("h3", { text: "Reflection written after this trial" }), h("div", { class: "model-text", text: detail.reflection.text }))
+          : null,
+        h("h3", { text: "First observation" }),
+        h("pre", { class: "observation", testid: "first-observation", text: detail.observation }),
+        h("h3", { text: `Steps (${detail.steps.length})` }),
+        stepsTable(run, detail),
+      ),
+    );
+    const open = stepIndex !== null ? stepIndex : state.openStep;
+    if (open !== null) {
+      const row = root.querySelector(`tr[data-testid="step"][data-index="${Number(open)}"]`);
+      if (row) row.click();
+    }
+    return detail;
+  }
+
+  // -- side by side ------------------------------------------------------------------------
+  function compactSteps(detail) {
+    return h(
+      "ol",
+      { class: "compact", start: 0 },
+      detail.steps.map((s) =>
+        h(
+          "li",
+          { class: stepClasses(s) },
+          h("div", { class: "action model-text", text: (s.kind === "act" ? "> " : s.kind === "think" ? "think: " : "") + actionText(s) + (s.kind === "act" && !s.admissible ? "   [not admissible]" : "") }),
+          h("div", { class: "obs", text: s.observation }),
+        ),
+      ),
+    );
+  }
+  async function renderCompare(runId, game, trial) {
+    const run = runById(runId);
+    clear(root);
+    put(root, h("p", null, h("a", { href: "#/", testid: "back", text: "← all tasks" })));
+    const eps = run ? run.episodes.filter((e) => e.game === game) : [];
+    const first = eps.find((e) => e.trial === 0);
+    const later = eps.find((e) => e.trial === trial);
+    if (!first || !later) {
+      put(root, h("p", { class: "error", text: `no trials 0 and ${trial} for ${game}` }));
+      return;
+    }
+    const [a, b] = await Promise.all([loadEpisode(runId, first.id), loadEpisode(runId, later.id)]);
+    if (!a || !b) {
+      put(root, h("p", { class: "error", text: "episode not found" }));
+      return;
+    }
+    const column = (detail, extra) =>
+      h(
+        "div",
+        { class: "column", testid: "compare-trial-" + detail.trial },
+        h("h3", null, h("a", { href: episodeLink(run, detail.id), text: `Trial ${detail.trial}` }), " ", outcomeBadge(detail)),
+        detail.failure_class ? h("p", { class: "muted", text: [detail.failure_class, detail.verdict].filter((x, i, a) => x && a.indexOf(x) === i).join(" · ") }) : null,
+        extra,
+        compactSteps(detail),
+      );
+    put(root, 
+      h(
+        "section",
+        { class: "compare", testid: "compare" },
+        h("h2", null, h("span", { class: "game", text: game }), `: trial 0 vs trial ${trial}`),
+        h(
+          "p",
+          { class: "trials-nav" },
+          "Compare with trial: ",
+          eps.filter((e) => e.trial > 0).sort((x, y) => x.trial - y.trial).map((e) => [
+            e.trial === trial ? h("strong", { text: String(e.trial) }) : h("a", { href: compareLink(run, game, e.trial), text: String(e.trial) }),
+            " ",
+          ]),
+        ),
+        h("div", { class: "columns" }, column(a, null), column(b, memoryList(b.memory, `Reflections in trial ${trial}'s prompt`, "memory"))),
+      ),
+    );
+  }
+
+  // -- routing and refresh -----------------------------------------------------------------
+  function route() {
+    const raw = location.hash.replace(/^#\/?/, "");
+    let parts;
+    try {
+      parts = raw ? raw.split("/").map(decodeURIComponent) : [];
+    } catch (err) {
+      parts = [];
+    }
+    if (parts[0] === "episode" && parts.length >= 3) {
+      const step = parts.length >= 4 && /^\d+$/.test(parts[3]) ? Number(parts[3]) : null;
+      return { view: "episode", run: parts[1], id: parts[2], step };
+    }
+    if (parts[0] === "compare" && parts.length >= 4 && /^\d+$/.test(parts[3])) {
+      return { view: "compare", run: parts[1], game: parts[2], trial: Number(parts[3]) };
+    }
+    return { view: "overview" };
+  }
+  async function render(fromHashChange) {
+    const r = route();
+    if (fromHashChange) state.openStep = null;
+    let live = false;
+    if (r.view === "episode") {
+      const detail = await renderEpisode(r.run, r.id, fromHashChange ? r.step : null);
+      live = !!detail && (detail.status === "running" || detail.status === "interrupted");
+      state.shown = detail ? JSON.stringify(detail) : "";
+    } else if (r.view === "compare") {
+      await renderCompare(r.run, r.game, r.trial);
+    } else {
+      renderOverview();
+      live = state.data.runs.some((run) => !run.status);
+    }
+    schedule(live);
+  }
+  function schedule(live) {
+    if (state.timer) clearTimeout(state.timer);
+    state.timer = null;
+    if (MODE !== "served" || !live) return;
+    state.timer = setTimeout(refresh, POLL_MS);
+  }
+  async function refresh() {
+    // A run that is still being written: reload, and redraw only if something changed.
+    try {
+      const r = route();
+      if (r.view === "episode") {
+        const detail = await loadEpisode(r.run, r.id);
+        const text = detail ? JSON.stringify(detail) : "";
+        state.data = await loadIndex();
+        if (text !== state.shown) await render(false);
+        else schedule(true);
+      } else if (r.view === "overview") {
+        const before = JSON.stringify(state.data);
+        state.data = await loadIndex();
+        if (JSON.stringify(state.data) !== before) await render(false);
+        else schedule(true);
+      }
+    } catch (err) {
+      schedule(true);
+    }
+  }
+
+  async function start() {
+    try {
+      state.data = await loadIndex();
+    } catch (err) {
+      clear(root);
+      put(root, h("p", { class: "error", text: "could not load the run: " + err.message }));
+      return;
+    }
+    window.addEventListener("hashchange", () => render(true));
+    await render(true);
+    root.dataset.ready = "1";
+  }
+  start();
+})();
