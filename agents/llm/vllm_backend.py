@@ -15,8 +15,11 @@ is the fraction of *host* memory to reserve; on a shared machine pass ``kv_cache
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import importlib
 import importlib.metadata
+import inspect
 import logging
 import math
 import time
@@ -36,6 +39,18 @@ logger = logging.getLogger("agents.llm.vllm")
 
 #: ``CompletionOutput.finish_reason`` values of vLLM 0.32 (``vllm.v1.engine.FINISH_REASON_STRINGS``).
 VLLM_FINISH_REASONS = frozenset({"stop", "length", "abort", "error", "repetition"})
+
+# Types of common extra engine options, so that values written in a spec or YAML as strings work.
+_EXTRA_TYPES: dict[str, str] = {
+    "kv_cache_memory_bytes": "int",
+    "max_num_seqs": "int",
+    "max_num_batched_tokens": "int",
+    "pipeline_parallel_size": "int",
+    "swap_space": "float",
+    "cpu_offload_gb": "float",
+    "trust_remote_code": "bool",
+    "enable_chunked_prefill": "bool",
+}
 
 _BOOL_WORDS = {"1": True, "true": True, "yes": True, "on": True}
 _BOOL_WORDS.update({"0": False, "false": False, "no": False, "off": False})
@@ -69,6 +84,16 @@ def _as_int(name: str, value: Any, minimum: int) -> int:
         raise SpecError(f"vllm option {name}={value!r} must be an integer")
     if number < minimum:
         raise SpecError(f"vllm option {name}={value!r} must be >= {minimum}")
+    return number
+
+
+def _as_float(name: str, value: Any) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise SpecError(f"vllm option {name}={value!r} must be a number") from None
+    if math.isnan(number) or number < 0:
+        raise SpecError(f"vllm option {name}={value!r} must be >= 0")
     return number
 
 
@@ -124,8 +149,28 @@ def engine_kwargs(
     }
     if max_model_len is not None:
         kwargs["max_model_len"] = _as_int("max_model_len", max_model_len, 1)
-    kwargs.update(extra)
+    for name, value in extra.items():
+        kind = _EXTRA_TYPES.get(name)
+        if kind == "int":
+            value = _as_int(name, value, 0)
+        elif kind == "float":
+            value = _as_float(name, value)
+        elif kind == "bool":
+            value = _as_bool(name, value)
+        kwargs[name] = value
     return kwargs
+
+
+def check_engine_options(kwargs: Mapping[str, Any], known: set[str]) -> None:
+    """Reject option names that ``vllm.EngineArgs`` lacks, now rather than at engine start."""
+    unknown = sorted(set(kwargs) - known)
+    if not unknown:
+        return
+    hints = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, known, n=1)
+        hints.append(f"{name} (did you mean {close[0]}?)" if close else name)
+    raise SpecError(f"unknown vllm engine option(s): {', '.join(hints)}")
 
 
 def _import_vllm() -> Any:
@@ -133,6 +178,19 @@ def _import_vllm() -> Any:
         return importlib.import_module("vllm")
     except ImportError as exc:
         raise MissingDependencyError("vllm", "vllm") from exc
+
+
+def _known_engine_options(vllm: Any) -> set[str]:
+    """Keyword names ``vllm.LLM`` accepts: its own parameters plus ``EngineArgs`` fields."""
+    known: set[str] = set()
+    engine_args = getattr(vllm, "EngineArgs", None)
+    if isinstance(engine_args, type) and dataclasses.is_dataclass(engine_args):
+        known |= {f.name for f in dataclasses.fields(engine_args)}
+    llm = getattr(vllm, "LLM", None)
+    if isinstance(llm, type) and known:
+        params = inspect.signature(llm).parameters.values()
+        known |= {p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    return known
 
 
 def vllm_version() -> str | None:
@@ -189,6 +247,9 @@ class VLLMBackend:
         self.model = model
         self.name = f"vllm:{model}"
         self._vllm = _import_vllm()
+        known = _known_engine_options(self._vllm)
+        if known:
+            check_engine_options(self._engine_kwargs, known)
         self._llm: Any = None
         self._tokenizer: Any = None
         self.load_s: float | None = None
@@ -217,8 +278,11 @@ class VLLMBackend:
             self._tokenizer = self._llm.get_tokenizer()
         messages = [{"role": m.role, "content": m.content} for m in request.messages or ()]
         try:
+            # An explicit chat_template option wins over the tokenizer's own (as in LLM.chat).
+            template = getattr(self._llm, "chat_template", None)
+            extra = {"chat_template": template} if template else {}
             text = self._tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True
+                messages, tokenize=False, add_generation_prompt=True, **extra
             )
         except Exception as exc:  # transformers raises ValueError when there is no template
             raise SpecError(
