@@ -2,9 +2,10 @@
 
 ``EnvPool`` keeps ``slots`` episodes in flight on ``workers`` processes. Slot ``s`` lives on
 worker ``s % workers``, which keeps one env per slot it serves and reuses it across that slot's
-games: memory stays flat however many games are played (an ALFWorld engine holds its own copy of
-fast-downward's library, so engines are never created per game), and a slot never has to reload
-and replay its game when another slot on the same worker moves. The default is one slot per
+games. Memory therefore grows with slots, never with games played (an ALFWorld engine holds its
+own copy of fast-downward's library, so engines are never created per game), and a slot never
+has to reload and replay its game because another slot on the same worker moved: reloading costs
+a second or more per switch, an extra engine a few tens of MB. The default is one slot per
 worker.
 
 Every call has a timeout. A worker that dies or overruns it is killed and replaced by a fresh one;
