@@ -15,6 +15,8 @@ whatever order concurrent requests arrive in. Kinds:
 - ``drop``: the connection is closed without an answer;
 - ``malformed``: ``200`` with a truncated JSON body.
 
+A request with a wrong key (see ``api_key``) is recorded as fault ``401``.
+
 Usage::
 
     with FaultServer(FaultPlan(rate=0.2)) as server:
@@ -170,6 +172,7 @@ class _Handler(BaseHTTPRequestHandler):
             state.keys_seen.append(key_given or "")
             state.bodies.append(body)
         if state.api_key is not None and key_given != state.api_key:
+            self._pick_fault("unauthorized", arrived, forced="401")
             self._send(
                 401,
                 {"error": {"message": f"Incorrect API key provided: {key_given}", "type": "auth"}},
@@ -192,18 +195,18 @@ class _Handler(BaseHTTPRequestHandler):
             return auth[7:].strip()
         return self.headers.get("x-api-key")
 
-    def _pick_fault(self, key: str, arrived: float) -> Event:
+    def _pick_fault(self, key: str, arrived: float, forced: str | None = None) -> Event:
         state = self.server.state
         plan = state.plan
         with state.lock:
             attempt = state.attempts[key]
             state.attempts[key] += 1
-            kind: str | None = None
+            kind: str | None = forced
             capped = (
                 plan.max_faults_per_key is not None
                 and state.faults_of[key] >= plan.max_faults_per_key
             )
-            if plan.rate > 0 and plan.kinds and not capped:
+            if forced is None and plan.rate > 0 and plan.kinds and not capped:
                 if _unit(plan.seed, key, attempt, "fault?") < plan.rate:
                     pick = int(_unit(plan.seed, key, attempt, "kind") * len(plan.kinds))
                     kind = plan.kinds[pick]
@@ -328,6 +331,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class _Server(ThreadingHTTPServer):
+    request_queue_size = 256  # the stdlib's 5 drops connections under a concurrent burst
     daemon_threads = True
     block_on_close = False
     allow_reuse_address = True

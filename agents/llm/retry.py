@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import email.utils
 import logging
+import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -102,10 +103,8 @@ def call_with_retries(
         exc = state.outcome.exception() if state.outcome else None
         if isinstance(exc, Retryable) and exc.retry_after is not None:
             return min(exc.retry_after, policy.max_retry_after)
-        backoff = tenacity.wait_exponential_jitter(
-            initial=policy.backoff_base, max=policy.backoff_max, jitter=policy.jitter
-        )
-        return float(backoff(state))
+        exp = policy.backoff_base * 2.0 ** (state.attempt_number - 1)
+        return min(exp, policy.backoff_max) + random.uniform(0.0, policy.jitter)
 
     def attempt() -> T:
         try:
