@@ -22,7 +22,8 @@ class Verdict:
 
 
 class Evaluator(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def check(self, steps: Sequence[Step]) -> Verdict | None:
         """A failure verdict that ends the episode now, or None to go on."""
