@@ -261,7 +261,12 @@ def plot_learning_curve(
             else [0.0 for _ in xs]
         )
         max_trial = max([max_trial, *xs])
-        ax.plot(xs, ys, marker="o", label=_line_label(s, label, names.count(name) > 1))
+        (line,) = ax.plot(xs, ys, marker="o", label=_line_label(s, label, names.count(name) > 1))
+        planned = s.get("trials_planned") or 0
+        if xs and s["solved"] == s["total_tasks"] > 0 and xs[-1] < planned - 1:
+            # every task solved: later trials were not needed, and the rate cannot change
+            ax.plot([xs[-1], planned - 1], [ys[-1], ys[-1]], linestyle=":", color=line.get_color())
+            xs = [*xs, planned - 1]
     ax.set_xlabel("trial")
     ax.set_ylabel("cumulative success rate (%)")
     ax.set_ylim(0, 100)

@@ -28,6 +28,7 @@ _SHELL = """<!doctype html>
 <meta charset="utf-8">
 {csp}<meta name="viewport" content="width=device-width, initial-scale=1">
 <meta name="referrer" content="no-referrer">
+<link rel="icon" href="data:,">
 <title>{title}</title>
 {style}
 </head>
