@@ -7,8 +7,12 @@ import hashlib
 import http.client
 import io
 import json
+import os
 import re
 import socket
+import subprocess
+import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -24,6 +28,8 @@ from experiments.viewer import serve
 from experiments.viewer.data import step_prompt
 from experiments.viewer.page import json_for_script
 from memory.records import Step
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -254,3 +260,41 @@ def test_replay_unknown_game_or_trial(run_dir: Path) -> None:
         replay(run_dir, game_id("clean", 2)[:-3], 0, io.StringIO())
     with pytest.raises(RunStoreError, match=r"no trial 5.*\[0, 1\]"):
         replay(run_dir, game_id("clean", 2), 5, io.StringIO())
+
+
+# -- through the CLI ---------------------------------------------------------------------------
+def _cli(*args: str, **kw) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "experiments.cli", *args],
+        capture_output=True, text=True, timeout=120, cwd=ROOT, **kw,
+    )  # fmt: skip
+
+
+def test_cli_replay_and_report(run_dir: Path, tmp_path: Path) -> None:
+    r = _cli("replay", str(run_dir), "--game", game_id("heat", 3), "--trial", "0")
+    assert r.returncode == 0, r.stderr
+    assert "ERROR (harness)" in r.stdout and "backend: connection refused" in r.stdout
+    assert "\x1b" not in r.stdout
+    r = _cli("replay", str(run_dir), "--game", "nope", "--trial", "0")
+    assert r.returncode == 2 and r.stderr.startswith("reflexsim: error: no game 'nope'")
+    assert "Traceback" not in r.stderr
+    r = _cli("report", str(run_dir), "--out", str(tmp_path / "rep"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(tmp_path / "rep") and (tmp_path / "rep" / "index.html").is_file()
+
+
+def test_cli_view_serves_on_loopback(run_dir: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "experiments.cli", "view", str(run_dir), "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    try:
+        line = proc.stdout.readline()
+        m = re.search(r"at (http://127\.0\.0\.1:(\d+)/)", line)
+        assert m, line + proc.stderr.read()
+        with urllib.request.urlopen(m.group(1) + "api/run", timeout=10) as resp:
+            assert json.loads(resp.read())["runs"][0]["arm"] == "reflexion"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
