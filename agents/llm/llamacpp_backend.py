@@ -19,7 +19,10 @@ Sampling follows :class:`GenerationConfig` exactly: temperature (0 = greedy), to
 llama.cpp's extra samplers neutral by default (``top_k=0``, ``min_p=0.0``,
 ``repeat_penalty=1.0``); set them to mimic ``llama_cpp.server``'s defaults (40, 0.05, 1.1).
 Token counts come from the model's tokenizer; ``cached_tokens`` is the prefix reused from the
-slot's KV cache. ``n > 1`` samples again with seeds ``seed+1, seed+2, ...``.
+slot's KV cache. ``n > 1`` samples again with seeds ``seed+1, seed+2, ...``. A seeded sample is
+reproducible for the same cache state; llama.cpp's logits for a prompt evaluated in one batch
+and for the same prompt found in the cache (its last token replayed alone) differ in the last
+bits, which can move a temperature-1 sample over Gemma's 262k-token vocabulary.
 
 Prompts are sent as text (``chat_format="raw"``, the default: these are completion models);
 chat messages, and prompts under ``chat_format="user"``/``"prefill"``, are rendered with the
