@@ -182,3 +182,58 @@ def test_static_report_from_the_file_system(browser: Any, run_dir: Path, tmp_pat
     assert page.evaluate("typeof window.__pwned") == "undefined"
     assert p.errors == []
     page.close()
+
+
+def test_served_viewer_follows_a_run_being_written(browser: Any, tmp_path: Path) -> None:
+    from runfactory import task
+
+    from memory.records import Step
+
+    run = make_run(
+        tmp_path / "live", [task("cool", 7, "running")], trials=1, wall_s=None, complete=False
+    )
+    eid = episode_id(game_id("cool", 7), 0)
+    writer = RunStore(run)
+    try:
+        with serve(run) as srv:
+            p = _Page(browser)
+            page = p.page
+            page.goto(srv.url + "#/episode/0/" + eid.replace("/", "%2F").replace("#", "%23"))
+            page.wait_for_selector("[data-testid=episode]")
+            assert page.locator("[data-testid=step]").count() == 4
+            assert page.locator("[data-testid=outcome]").text_content() == "… running"
+            writer.add_step(
+                eid,
+                Step(index=4, kind="act", raw_output="move apple 1 to fridge 1",
+                     action="move apple 1 to fridge 1", observation="You win.", won=True),
+            )  # fmt: skip
+            writer.finish_episode(eid, status="done", won=True)
+            page.wait_for_selector("[data-testid=step][data-index='4']")  # no reload: it polls
+            page.wait_for_function(
+                "document.querySelector('[data-testid=outcome]').textContent === '✓ won'"
+            )
+            assert p.errors == []
+            page.close()
+    finally:
+        writer.close()
+
+
+def test_static_report_of_two_runs_filters_by_arm(
+    browser: Any, run_dir: Path, tmp_path: Path
+) -> None:
+    from runfactory import baseline_tasks
+
+    react = make_run(tmp_path / "react", baseline_tasks(), arm="react")
+    out = write_report([run_dir, react], tmp_path / "cmp")
+    p = _Page(browser)
+    page = p.page
+    page.goto((out / "index.html").resolve().as_uri())
+    page.wait_for_selector("#app[data-ready='1']")
+    assert page.locator("[data-testid=comparison-table] tbody tr").count() == 2
+    assert page.locator("[data-testid=task-row]").count() == 8
+    page.select_option("[data-testid=filter-arm]", "react")
+    assert page.locator("[data-testid=task-row]").count() == 4
+    page.select_option("[data-testid=filter-outcome]", "solved")
+    assert page.locator("[data-testid=task-row]").count() == 2
+    assert p.errors == []
+    page.close()

@@ -5,7 +5,7 @@
 (() => {
   const root = document.getElementById("app");
   const MODE = root.dataset.mode === "static" ? "static" : "served";
-  const POLL_MS = 4000;
+  const POLL_MS = 2000;
   const state = {
     data: null,
     filters: { type: "", arm: "", outcome: "" },
