@@ -1,0 +1,114 @@
+"""Viewer and report costs on a run of the paper's size (134 tasks, 5 trials), side by side.
+
+Prints medians of repeats and ratios measured in one run:
+- the outcome query the report and task list use vs loading full episode rows (with prompts);
+- /api/run and /api/episode latency, idle vs while a writer commits steps (WAL readers);
+- write_report time and the static index.html size.
+
+Usage: python benchmarks/bench_viewer.py [--tasks 134] [--trials 5] [--repeats 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from runfactory import TaskPlan, episode_steps, game_id, make_run  # noqa: E402
+
+from experiments.report import episode_outcomes, open_run, write_report  # noqa: E402
+from experiments.store import RunStore, episode_id  # noqa: E402
+from experiments.viewer import serve  # noqa: E402
+
+TYPES = ("put", "clean", "heat", "cool", "examine", "puttwo")
+
+
+def median_ms(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return 1000 * statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tasks", type=int, default=134)
+    ap.add_argument("--trials", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=7)
+    a = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-viewer-"))
+    plans = [
+        TaskPlan(game_id(TYPES[i % 6], i), TYPES[i % 6],
+                 tuple("won" if k == i % (a.trials + 1) else "fail:repeated_action" for k in range(a.trials)))
+        for i in range(a.tasks)
+    ]  # fmt: skip
+    t = time.perf_counter()
+    run = make_run(tmp / "run", plans, trials=a.trials)
+    print(f"built run: {a.tasks} tasks x {a.trials} trials in {time.perf_counter() - t:.1f} s")
+
+    store = open_run(run)
+    light = median_ms(lambda: episode_outcomes(store), a.repeats)
+    full = median_ms(lambda: store.episodes(), a.repeats)
+    n = len(store.episodes())
+    store.close()
+    print(f"{n} episodes: outcome query {light:.1f} ms vs full rows {full:.1f} ms"
+          f" -> full/light = {full / light:.1f}x")  # fmt: skip
+
+    eid = episode_id(plans[0].game, 0)
+    with serve(run) as srv:
+
+        def get(path: str) -> None:
+            c = http.client.HTTPConnection(srv.host, srv.port, timeout=30)
+            c.request("GET", path)
+            c.getresponse().read()
+            c.close()
+
+        api_run = lambda: get("/api/run")  # noqa: E731
+        api_ep = lambda: get("/api/episode?id=" + quote(eid, safe=""))  # noqa: E731
+        idle_run, idle_ep = median_ms(api_run, a.repeats), median_ms(api_ep, a.repeats)
+        stop = threading.Event()
+        live = episode_id(plans[1].game, a.trials)  # a new episode being played now
+        writer = RunStore(run)
+        writer.start_episode(episode_id=live, game=plans[1].game, task_type=plans[1].task_type,
+                             trial=a.trials, arm="reflexion", prompt_prefix="p", observation="o",
+                             task="t", memory=())  # fmt: skip
+        written = [0]
+
+        def write() -> None:
+            step = episode_steps("fail:other")[1]
+            while not stop.is_set():
+                writer.add_step(live, step.__class__(**{**step.to_dict(), "index": written[0]}))
+                written[0] += 1
+                time.sleep(0.002)
+
+        th = threading.Thread(target=write)
+        th.start()
+        busy_run, busy_ep = median_ms(api_run, a.repeats), median_ms(api_ep, a.repeats)
+        stop.set()
+        th.join()
+        writer.close()
+    print(f"/api/run     idle {idle_run:.1f} ms, writer active {busy_run:.1f} ms"
+          f" -> {busy_run / idle_run:.2f}x")  # fmt: skip
+    print(f"/api/episode idle {idle_ep:.1f} ms, writer active {busy_ep:.1f} ms"
+          f" -> {busy_ep / idle_ep:.2f}x ({written[0]} steps committed meanwhile)")  # fmt: skip
+
+    t = time.perf_counter()
+    out = write_report([run])
+    took = time.perf_counter() - t
+    size = (out / "index.html").stat().st_size
+    print(f"write_report: {took:.2f} s; index.html {size / 1e6:.2f} MB"
+          f" ({size / n / 1e3:.1f} kB per episode, prompt prefixes stored once)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
