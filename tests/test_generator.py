@@ -239,6 +239,16 @@ def test_cli_bad_arguments_exit_2_with_one_line(tmp_path, extra):
     assert "Traceback" not in r.stderr
 
 
+def test_cli_generates_games_env_can_load(tmp_path):
+    cmd = [sys.executable, "-m", "experiments.cli", "games", "generate", "--out", str(tmp_path)]
+    cmd += ["--per-type", "1", "--seed", "3", "--task-types", "examine"]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == f"wrote 1 games under {tmp_path}"
+    env = ALFWorldEnv(data_dir=tmp_path, split="train", task_types=["examine"])
+    assert len(env.game_ids) == 1 and "/look_at_obj_in_light-" in env.game_ids[0]
+
+
 def test_importing_the_generator_stays_light():
     code = "import sys, envs.alfgen; print(sorted(m for m in sys.modules if m.split('.')[0] in ('alfworld', 'textworld', 'fast_downward')))"
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)

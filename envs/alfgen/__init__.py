@@ -5,6 +5,11 @@
 through :class:`envs.alfworld_env.ALFWorldEnv` to a win, and writes
 ``json_2.1.1/<split>/<task folder>/<trial>/{game.tw-pddl,traj_data.json}``. alfworld and
 textworld are imported only when a game is made.
+
+Contamination: placements, targets and trial ids are drawn fresh from the seed (nothing is
+copied from ALFWorld's game files), and games for ``train`` / ``eval_in_distribution`` never use
+the four ALFRED rooms of ALFWorld's ``eval_out_of_distribution`` split (``UNSEEN_EVAL_SCENES``);
+games for that split use only those rooms.
 """
 
 from envs.alfgen.generator import GameFiles, GameMaker, generate

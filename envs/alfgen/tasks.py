@@ -172,8 +172,8 @@ def sample_task(scene: Scene, task_type: str, rng: random.Random) -> Task:
     for _ in range(n_target):
         objects.append(_place(target, _pick(starts, PLAUSIBILITY, rng), rng, taken))
 
-    if toggle:
-        holders = [r for r in scene.receptacles if r.rtype in LAMP_HOLDERS]
+    holders = [r for r in scene.receptacles if r.rtype in LAMP_HOLDERS]
+    if LAMP in scene.object_types and holders:  # the room's desk lamp, whatever the task
         objects.append(_place(LAMP, _pick(holders, LAMP_PLAUSIBILITY, rng), rng, taken))
 
     for otype in present:
