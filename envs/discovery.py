@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,10 +152,22 @@ def _read_task_type(trial_dir: Path) -> str | None:
     return task_type_from_name(trial_dir.parent.name)
 
 
+_SOLVABLE = re.compile(r'"solvable"\s*:\s*(true|false)')
+
+
 def _is_solvable(game_file: Path) -> bool:
     # A corrupt file is not silently skipped: loading it gives a clear GameFileError.
     try:
-        data = json.loads(game_file.read_text())
-    except (OSError, ValueError):
+        text = game_file.read_text()
+    except (OSError, UnicodeDecodeError):
+        return True
+    # Discovery runs in every env worker: scan for the key instead of parsing ~0.5 MB of JSON,
+    # and parse only when the key appears more than once (e.g. inside the PDDL text).
+    found = _SOLVABLE.findall(text)
+    if len(found) == 1:
+        return found[0] == "true"
+    try:
+        data = json.loads(text)
+    except ValueError:
         return True
     return bool(isinstance(data, dict) and data.get("solvable", False))
