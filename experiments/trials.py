@@ -144,8 +144,9 @@ def reflect(store: RunStore, backend: Backend, trial: int, settings: TrialSettin
         )
     if not pending:
         return
+    # one paragraph, as in the examples; greedy, at most reflect_max_tokens (256) tokens
     config = GenerationConfig(
-        temperature=0.0, max_tokens=settings.reflect_max_tokens, stop=(), seed=settings.seed
+        temperature=0.0, max_tokens=settings.reflect_max_tokens, stop=("\n\n",), seed=settings.seed
     )
     requests = [
         Request(
