@@ -46,7 +46,11 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=7)
     a = ap.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="bench-viewer-"))
+    with tempfile.TemporaryDirectory(prefix="bench-viewer-") as d:
+        bench(a, Path(d))
+
+
+def bench(a: argparse.Namespace, tmp: Path) -> None:
     plans = [
         TaskPlan(game_id(TYPES[i % 6], i), TYPES[i % 6],
                  tuple("won" if k == i % (a.trials + 1) else "fail:repeated_action" for k in range(a.trials)))
