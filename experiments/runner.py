@@ -323,7 +323,10 @@ def run(cfg: RunConfig, resume: str | None = None, force: bool = False) -> Path:
         arm=cfg.agent,
         generation=generation_config(cfg),
         evaluator=make_evaluator(cfg.evaluator, cfg.count_thoughts),
-        grounding=GroundingRules() if cfg.grounding else GroundingRules.none(),
+        # put X in/on Y -> move X to Y is ALFWorld 0.4's syntax; TextWorld keeps `put`
+        grounding=GroundingRules(put_to_move=cfg.env == "alfworld")
+        if cfg.grounding
+        else GroundingRules.none(),
         max_steps=cfg.max_steps,
         count_thoughts=cfg.count_thoughts,
     )

@@ -115,3 +115,18 @@ def test_deadline_stops_cleanly_and_resume_finishes(generated_games, tmp_path):
     store = RunStore(run_dir, readonly=True)
     assert solved_by_trial(store) == {0: 6}
     assert store.get_meta("status") == {"complete": True}
+
+
+def test_textworld_games_run_through_the_same_loop(tmp_path):
+    pytest.importorskip("textworld")
+    from envs.twgen import generate_textworld_games
+
+    games = tmp_path / "tw"
+    generate_textworld_games(games, n=1, seed=3)
+    cfg = RunConfig(model="scripted:expert", env="textworld", data=str(games), trials=1, workers=1, run_dir=str(tmp_path / "run"))
+    store = RunStore(run(cfg), readonly=True)
+    (episode,) = store.episodes()
+    assert episode.won and episode.task_type == "textworld"
+    steps = store.steps(episode.episode_id)
+    # TextWorld keeps `put X on Y`: the ALFWorld put->move rule is off for it
+    assert not any(s.action.startswith("move ") for s in steps)
