@@ -89,9 +89,7 @@ def normalize_task_types(task_types: Iterable[str | int] | None) -> list[str]:
 def default_data_dir() -> Path:
     value = os.environ.get("ALFWORLD_DATA")
     if not value:
-        raise EnvError(
-            "no ALFWorld data dir: pass data_dir=... (--data DIR) or set $ALFWORLD_DATA"
-        )
+        raise EnvError("no ALFWorld data dir: pass data_dir=... (--data DIR) or set $ALFWORLD_DATA")
     return Path(value)
 
 
@@ -113,7 +111,9 @@ def discover_games(
     """
     root = Path(data_dir) if data_dir is not None else default_data_dir()
     if not root.is_dir():
-        raise EnvError(f"data dir {str(root)!r} does not exist: pass --data DIR or set $ALFWORLD_DATA")
+        raise EnvError(
+            f"data dir {str(root)!r} does not exist: pass --data DIR or set $ALFWORLD_DATA"
+        )
     base = split_dir(root, split)
     if not base.is_dir():
         raise EnvError(
