@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 USAGE_ERROR = 2
 
@@ -32,9 +33,17 @@ def _games_generate(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from experiments import matrix
     from experiments.config import resolve
-    from experiments.runner import plan, run
+    from experiments.runner import run
 
+    if args.resume and matrix.is_matrix_dir(args.resume):
+        return _run_matrix(args, None)
+    if args.config:
+        preset = matrix.load_preset(args.config)
+        if preset.is_matrix:
+            return _run_matrix(args, preset)
+        args.config = str(preset.path)  # a preset's bare name
     base = None
     if args.resume:
         from experiments.store import RunStore
@@ -47,14 +56,46 @@ def _run(args: argparse.Namespace) -> int:
         base = manifest.get("config")
     cfg = resolve(args, base)
     if args.dry_run:
-        print(json.dumps(plan(cfg), indent=1, default=str))
+        print(json.dumps(matrix.plan_job(cfg), indent=1, default=str))
         return 0
-    run_dir = run(cfg, resume=args.resume, force=args.force)
+    if cfg.serve:
+        from experiments.serve import run_served
+
+        run_dir = run_served(cfg, resume=args.resume, force=args.force)
+    else:
+        run_dir = run(cfg, resume=args.resume, force=args.force)
     report = _write_report_if_available(run_dir)
     print(f"run: {run_dir}")
     if report is not None:
         print(f"report: {report}")
     return 0
+
+
+def _run_matrix(args: argparse.Namespace, preset: Any) -> int:
+    """A preset with jobs: each job in <run dir>/<name>, one report; 1 if a job failed."""
+    from experiments import matrix
+
+    flags = matrix.flag_values(args)
+    if args.dry_run:
+        if preset is None:
+            state = matrix.read_state(Path(args.resume))
+            preset = matrix.preset_from_dict(state["preset"])
+            flags = {**state.get("flags", {}), **flags}
+        run_dir = Path(args.resume or args.run_dir) if (args.resume or args.run_dir) else None
+        print(json.dumps(matrix.plan_matrix(preset, flags, run_dir), indent=1, default=str))
+        return 0
+    if args.resume:
+        result = matrix.run_matrix(None, flags, Path(args.resume), resume=True, force=args.force)
+    else:
+        run_dir = Path(args.run_dir) if args.run_dir else None
+        result = matrix.run_matrix(preset, flags, run_dir, force=args.force)
+    for name, r in result.jobs.items():
+        error = f"  ({r['error']})" if r.get("error") else ""
+        print(f"{name}: {r.get('status')}  {r.get('run_dir')}{error}")
+    print(f"matrix: {result.run_dir}")
+    if result.report is not None:
+        print(f"report: {result.report}")
+    return 1 if result.failed else 0
 
 
 def _write_report_if_available(run_dir: Path) -> Path | None:

@@ -54,6 +54,11 @@ class RunConfig:
     step_timeout_s: float = 120.0
     generate_per_type: int = 1  # games per type when generating the default game set
     backend_options: Mapping[str, Any] = field(default_factory=dict)
+    # serve a vllm: model for the run (experiments/serve.py); the command is a template
+    serve: bool = False
+    serve_command: str | None = None  # default: vllm serve {model} --host {host} --port {port}
+    serve_port: int = 8000  # fixed, so that a resumed run finds its server at the same URL
+    serve_timeout_s: float = 1800.0  # a first start may download the weights
 
     def __post_init__(self) -> None:
         if self.agent not in ARMS:
@@ -137,7 +142,11 @@ def load_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``run`` flags. Defaults are None so that only flags given override the file."""
     a = parser.add_argument
-    a("--config", help="YAML file of config keys (flags override it)")
+    a(
+        "--config",
+        help="YAML file of config keys, or a preset name (paper, scale, scale-cpu, ...): "
+        "flags override it",
+    )
     a(
         "--model",
         help="model spec: embedded[:gemma3-270m|smollm2-135m], vllm:ID, openai:MODEL, anthropic:MODEL, hf:ID, llamacpp:PATH, scripted:expert|random|learner|replay:DIR",
@@ -182,6 +191,18 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     a("--budget-tokens", type=int, help="stop cleanly after this many tokens")
     a("--budget-usd", type=float, help="stop cleanly after this cost")
     a("--deadline", help="stop cleanly after this wall time (e.g. 8h, 90m) or at an ISO time")
+    a(
+        "--serve",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="start `vllm serve` for the vllm: model, restart it if it dies, stop it at the end",
+    )
+    a(
+        "--serve-command",
+        help="server command template with {model} {host} {port} {python} "
+        "(default: vllm serve {model} --host {host} --port {port})",
+    )
+    a("--serve-port", type=int, help="port of the served model on 127.0.0.1 (default 8000)")
     a("--resume", metavar="DIR", help="continue the run in DIR")
     a("--force", action="store_true", help="resume even if the manifest does not match")
     a("--dry-run", action="store_true", help="print the resolved plan and exit")

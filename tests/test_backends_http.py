@@ -36,6 +36,8 @@ CFG = GenerationConfig(max_tokens=20, stop=("\n",), seed=0)
 @pytest.fixture(autouse=True)
 def _no_real_keys(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    monkeypatch.delenv("ANTHROPIC_BASE_URL", raising=False)
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-local-test-key")
 
 

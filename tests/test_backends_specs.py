@@ -75,6 +75,7 @@ def test_hosted_api_without_key_says_which_variable(monkeypatch: pytest.MonkeyPa
 
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
     with pytest.raises(BackendError, match="set the OPENAI_API_KEY environment variable"):
         make_backend("openai:gpt-4o")
     with pytest.raises(BackendError, match="ANTHROPIC_API_KEY"):
@@ -147,6 +148,18 @@ def test_stop_truncation_cuts_at_the_earliest_stop() -> None:
     assert truncate_at_stop("abc STOP def\nx", ["\n", "STOP"]) == ("abc ", True)
     assert truncate_at_stop("no stop here", ["\n", ""]) == ("no stop here", False)
     assert truncate_at_stop("", ["\n"]) == ("", False)
+
+
+def test_base_url_from_the_environment_is_what_describe_shows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    backend = make_backend("openai:local")
+    info = backend.describe()
+    assert info["base_url"] == "http://127.0.0.1:9/v1" and info["api"] == "completions"
+    assert "sk-" not in repr(vars(backend))
+    backend.close()
 
 
 def test_safe_url_and_scrub_drop_secrets() -> None:

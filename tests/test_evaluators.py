@@ -3,7 +3,14 @@ from memory.records import FailureClass, Step
 
 
 def step(i, action, obs="Nothing happens.", kind="act", admissible=True):
-    return Step(index=i, kind=kind, raw_output=" " + action, action=action, observation=obs, admissible=admissible)
+    return Step(
+        index=i,
+        kind=kind,
+        raw_output=" " + action,
+        action=action,
+        observation=obs,
+        admissible=admissible,
+    )
 
 
 def run(ev, steps):
@@ -17,7 +24,9 @@ def run(ev, steps):
 
 def test_paper_three_repeats_pass_four_fail():
     ev = PaperEvaluator()
-    three = [step(0, "go to desk 1", "You arrive")] + [step(i, "open drawer 1") for i in range(1, 4)]
+    three = [step(0, "go to desk 1", "You arrive")] + [
+        step(i, "open drawer 1") for i in range(1, 4)
+    ]
     assert run(ev, three) is None
     four = three + [step(4, "open drawer 1")]
     i, v = run(ev, four)
@@ -54,7 +63,10 @@ def test_code_two_identical_in_a_row():
 
 def test_code_two_identical_thoughts_fail():
     ev = CodeEvaluator()
-    t = [step(0, "think: I need a mug.", "OK.", "think"), step(1, "think: I need a mug.", "OK.", "think")]
+    t = [
+        step(0, "think: I need a mug.", "OK.", "think"),
+        step(1, "think: I need a mug.", "OK.", "think"),
+    ]
     assert run(ev, t)[0] == 2
     # the paper evaluator lets the same pair go three times
     assert run(PaperEvaluator(), t) is None

@@ -10,7 +10,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("agents", "envs", "memory", "experiments")
-HEAVY = {"vllm", "openai", "anthropic", "transformers", "torch", "llama_cpp", "alfworld", "textworld"}
+HEAVY = {
+    "vllm",
+    "openai",
+    "anthropic",
+    "transformers",
+    "torch",
+    "llama_cpp",
+    "alfworld",
+    "textworld",
+}
 
 
 def _run(*cmd: str) -> subprocess.CompletedProcess[str]:
@@ -64,7 +73,9 @@ def test_import_direction():
             for module, _ in _imports(f):
                 root = module.split(".")[0]
                 if root in PACKAGES:
-                    assert root in allowed[package] | {package}, f"{f.relative_to(ROOT)} imports {module}"
+                    assert root in allowed[package] | {package}, (
+                        f"{f.relative_to(ROOT)} imports {module}"
+                    )
 
 
 def test_memory_uses_only_the_standard_library():
@@ -84,7 +95,8 @@ def test_heavy_libraries_are_imported_lazily():
 
 
 def test_light_imports():
-    code = "import sys, envs, agents, agents.llm, memory; bad = sorted(m for m in %r if m in sys.modules); print(bad)" % sorted(HEAVY)
+    heavy = sorted(HEAVY)
+    code = f"import sys, envs, agents, agents.llm, memory; print(sorted(m for m in {heavy!r} if m in sys.modules))"
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
@@ -94,7 +106,10 @@ def _sys_attrs(tree: ast.AST, name: str) -> list[ast.Attribute]:
     return [
         n
         for n in ast.walk(tree)
-        if isinstance(n, ast.Attribute) and n.attr == name and isinstance(n.value, ast.Name) and n.value.id == "sys"
+        if isinstance(n, ast.Attribute)
+        and n.attr == name
+        and isinstance(n.value, ast.Name)
+        and n.value.id == "sys"
     ]
 
 

@@ -5,7 +5,14 @@ from memory import Episode, ExplorationFact, Reflection, Step, TaskMemory
 
 
 def refl(trial, task="g"):
-    return Reflection(task=task, trial=trial, episode_id=f"{task}#t{trial}", model="m", prompt_hash="h", text=f"plan {trial}")
+    return Reflection(
+        task=task,
+        trial=trial,
+        episode_id=f"{task}#t{trial}",
+        model="m",
+        prompt_hash="h",
+        text=f"plan {trial}",
+    )
 
 
 def test_window_shows_last_omega_and_keeps_all():
@@ -38,10 +45,24 @@ def test_records_round_trip():
 def test_exploration_facts_from_observations():
     steps = [
         Step(0, "act", "", "go to drawer 1", "You arrive at drawer 1. The drawer 1 is closed."),
-        Step(1, "act", "", "open drawer 1", "You open the drawer 1. The drawer 1 is open. In it, you see a cd 1, and a pen 2."),
-        Step(2, "act", "", "go to shelf 1", "You arrive at shelf 1. On the shelf 1, you see nothing."),
+        Step(
+            1,
+            "act",
+            "",
+            "open drawer 1",
+            "You open the drawer 1. The drawer 1 is open. In it, you see a cd 1, and a pen 2.",
+        ),
+        Step(
+            2, "act", "", "go to shelf 1", "You arrive at shelf 1. On the shelf 1, you see nothing."
+        ),
         Step(3, "think", "", "think: hmm", "OK."),
-        Step(4, "act", "", "go to desk 1", "You arrive at desk 1. On the desk 1, you see a alarmclock 1, a bowl 2, and a desklamp 1."),
+        Step(
+            4,
+            "act",
+            "",
+            "go to desk 1",
+            "You arrive at desk 1. On the desk 1, you see a alarmclock 1, a bowl 2, and a desklamp 1.",
+        ),
     ]
     facts = {f.place: f for f in extract_facts(steps, trial=0)}
     assert facts["drawer 1"].contents == ("cd 1", "pen 2") and facts["drawer 1"].opened

@@ -36,12 +36,32 @@ TASKS = {
     "examine": "look at book under the desklamp.",
     "puttwo": "put two pen in shelf.",
 }
-HISTORY = [("think: I need to look around.", "OK."), ("go to desk 1", "You arrive at desk 1. On the desk 1, you see a pen 1.")]
-REFLECTIONS = [
-    Reflection(task="g", trial=0, episode_id="g#t0", model="m", prompt_hash="h", text="I looped on the drawer. Next time I will open it first."),
-    Reflection(task="g", trial=1, episode_id="g#t1", model="m", prompt_hash="h", text="I never checked shelf 1. I will go to shelf 1 first."),
+HISTORY = [
+    ("think: I need to look around.", "OK."),
+    ("go to desk 1", "You arrive at desk 1. On the desk 1, you see a pen 1."),
 ]
-FACTS = [ExplorationFact(place="drawer 1", contents=(), trial=0, opened=True), ExplorationFact(place="desk 1", contents=("pen 1", "lamp 1"), trial=0)]
+REFLECTIONS = [
+    Reflection(
+        task="g",
+        trial=0,
+        episode_id="g#t0",
+        model="m",
+        prompt_hash="h",
+        text="I looped on the drawer. Next time I will open it first.",
+    ),
+    Reflection(
+        task="g",
+        trial=1,
+        episode_id="g#t1",
+        model="m",
+        prompt_hash="h",
+        text="I never checked shelf 1. I will go to shelf 1 first.",
+    ),
+]
+FACTS = [
+    ExplorationFact(place="drawer 1", contents=(), trial=0, opened=True),
+    ExplorationFact(place="desk 1", contents=("pen 1", "lamp 1"), trial=0),
+]
 
 
 def check(name: str, text: str) -> None:
@@ -50,7 +70,9 @@ def check(name: str, text: str) -> None:
         if not UPDATE:
             pytest.fail(f"golden file {name} missing: run with REFLEXSIM_UPDATE_GOLDEN=1")
         path.write_text(text)
-    assert text == path.read_text(), f"{name} changed: rerun with REFLEXSIM_UPDATE_GOLDEN=1 if intended"
+    assert text == path.read_text(), (
+        f"{name} changed: rerun with REFLEXSIM_UPDATE_GOLDEN=1 if intended"
+    )
 
 
 @pytest.mark.parametrize("task_type", TASK_TYPES)
@@ -59,7 +81,9 @@ def test_actor_prompt_golden(task_type):
     plain = actor_prompt(actor_prefix(example_texts(task_type)), obs, HISTORY)
     check(f"actor_{task_type}.txt", plain)
     assert MEMORY_MARKER not in plain
-    with_memory = actor_prompt(actor_prefix(example_texts(task_type), REFLECTIONS, FACTS), obs, HISTORY)
+    with_memory = actor_prompt(
+        actor_prefix(example_texts(task_type), REFLECTIONS, FACTS), obs, HISTORY
+    )
     check(f"actor_{task_type}_memory.txt", with_memory)
     assert MEMORY_MARKER in with_memory
     assert with_memory.endswith("\n>") and not with_memory.endswith("> ")
@@ -67,7 +91,9 @@ def test_actor_prompt_golden(task_type):
 
 @pytest.mark.parametrize("task_type", TASK_TYPES)
 def test_reflection_prompt_golden(task_type):
-    check(f"reflection_{task_type}.txt", reflection_prompt(OBS.format(task=TASKS[task_type]), HISTORY))
+    check(
+        f"reflection_{task_type}.txt", reflection_prompt(OBS.format(task=TASKS[task_type]), HISTORY)
+    )
 
 
 def test_prompt_is_append_only():
@@ -96,7 +122,9 @@ def test_examples_come_from_train_games_only():
 
 def test_original_prompt_file_loader(tmp_path):
     f = tmp_path / "prompts.json"
-    f.write_text(json.dumps({"react_put_0": "A\n> go\nB\n", "react_put_1": "C", "react_clean_0": "only one"}))
+    f.write_text(
+        json.dumps({"react_put_0": "A\n> go\nB\n", "react_put_1": "C", "react_clean_0": "only one"})
+    )
     loaded = load_original_prompts(f)
     assert loaded == {"put": ("C", "A\n> go\nB")}
     assert example_texts("put", f) == ("C", "A\n> go\nB")

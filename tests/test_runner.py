@@ -35,18 +35,35 @@ def snapshot(run_dir: Path) -> dict:
     store = RunStore(run_dir, readonly=True)
     try:
         episodes = {
-            e.episode_id: (e.game, e.trial, e.status, e.won, e.failure_class, e.verdict, e.prompt_prefix, e.memory_json)
+            e.episode_id: (
+                e.game,
+                e.trial,
+                e.status,
+                e.won,
+                e.failure_class,
+                e.verdict,
+                e.prompt_prefix,
+                e.memory_json,
+            )
             for e in store.episodes()
         }
         steps = {
-            eid: [(s.index, s.kind, s.raw_output, s.action, s.observation, s.admissible, s.won) for s in store.steps(eid)]
+            eid: [
+                (s.index, s.kind, s.raw_output, s.action, s.observation, s.admissible, s.won)
+                for s in store.steps(eid)
+            ]
             for eid in episodes
         }
         reflections = [(r.task, r.trial, r.text, r.prompt_hash) for r in store.reflections()]
         counts = store.conn.execute(
             "SELECT COUNT(*), COUNT(DISTINCT episode_id || '/' || idx) FROM steps"
         ).fetchone()
-        return {"episodes": episodes, "steps": steps, "reflections": reflections, "rows": tuple(counts)}
+        return {
+            "episodes": episodes,
+            "steps": steps,
+            "reflections": reflections,
+            "rows": tuple(counts),
+        }
     finally:
         store.close()
 
@@ -65,7 +82,9 @@ def test_kill9_at_random_moments_then_resume_gives_identical_results(generated_g
     while kills < 10:
         cmd = [sys.executable, str(ROOT / "run_alfworld.py"), *args]
         cmd += ["--resume", str(interrupted)] if started else ["--run-dir", str(interrupted)]
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+        )
         time.sleep(rng.uniform(1.0, 6.0))
         if proc.poll() is not None:
             assert proc.returncode == 0, proc.stderr.read().decode()[-2000:] if proc.stderr else ""
@@ -88,7 +107,9 @@ def _look(prompt: str) -> str:
     return " look"
 
 
-def test_fault_injecting_model_server_errors_are_infra_not_agent_failures(generated_games, tmp_path):
+def test_fault_injecting_model_server_errors_are_infra_not_agent_failures(
+    generated_games, tmp_path
+):
     plan = FaultPlan(rate=0.2, seed=3, timeout_s=1.0, retry_after="0")
     with FaultServer(plan, answer=_look) as server:
         cfg = RunConfig(
@@ -155,15 +176,21 @@ def test_worker_killed_mid_episode_is_resimulated(generated_games, tmp_path):
     from experiments.runner import select_games
     from experiments.trials import TrialSettings, run_trials
 
-    cfg = RunConfig(model="scripted:expert", data=str(generated_games), split=SPLIT, games=2, trials=1)
+    cfg = RunConfig(
+        model="scripted:expert", data=str(generated_games), split=SPLIT, games=2, trials=1
+    )
     games = select_games(cfg)
     store = RunStore(tmp_path / "run", create=True)
     pool = EnvPool(EnvSpec(games.env_kind, games.env_kwargs), workers=2, timeout_s=60)
     try:
         backend = _KillingBackend(pool)
-        settings = RolloutSettings("reflexion", GenerationConfig(), make_evaluator("paper"), GroundingRules(), max_steps=30)
+        settings = RolloutSettings(
+            "reflexion", GenerationConfig(), make_evaluator("paper"), GroundingRules(), max_steps=30
+        )
         rollout = Rollout(backend, pool, store, settings)
-        ts = TrialSettings(arm="reflexion", trials=1, memory_size=3, evaluator="paper", reflect_model="x")
+        ts = TrialSettings(
+            arm="reflexion", trials=1, memory_size=3, evaluator="paper", reflect_model="x"
+        )
         assert run_trials(store, games.tasks, rollout, backend, ts) is None
     finally:
         pool.close()
@@ -180,7 +207,10 @@ def test_cli_errors_are_one_line_with_exit_code_2(generated_games, tmp_path):
         (["--bogus-flag"], "unrecognized arguments"),
         (["--data", str(tmp_path / "missing"), "--model", "scripted:expert"], "does not exist"),
         (["--model", "nope:x", "--data", str(generated_games), "--split", SPLIT], "nope"),
-        (["--model", "scripted:expert", "--data", str(generated_games), "--split", "bogus"], "unknown split"),
+        (
+            ["--model", "scripted:expert", "--data", str(generated_games), "--split", "bogus"],
+            "unknown split",
+        ),
     ]
     for args, needle in cases:
         r = cli(*args, "--run-dir", str(tmp_path / "never"))
@@ -188,7 +218,18 @@ def test_cli_errors_are_one_line_with_exit_code_2(generated_games, tmp_path):
         assert needle in r.stderr, (args, r.stderr)
         assert "Traceback" not in r.stderr
         assert len(r.stderr.strip().splitlines()) <= 3, r.stderr  # usage + one error line at most
-    base = ["--model", "scripted:expert", "--data", str(generated_games), "--split", SPLIT, "--games", "1", "--trials", "1"]
+    base = [
+        "--model",
+        "scripted:expert",
+        "--data",
+        str(generated_games),
+        "--split",
+        SPLIT,
+        "--games",
+        "1",
+        "--trials",
+        "1",
+    ]
     first = tmp_path / "first"
     assert cli(*base, "--run-dir", str(first)).returncode == 0
     r = cli("--resume", str(first), "--max-steps", "7")

@@ -50,7 +50,11 @@ def test_learner_fails_first_trial_then_solves_with_reflection(generated_games, 
     reflections = store.reflections()
     assert {(r.task, r.trial) for r in reflections} == {(g, 0) for g in tasks}
     for r in reflections:
-        assert r.episode_id == f"{r.task}#t0" and r.model == "scripted:learner" and len(r.prompt_hash) == 64
+        assert (
+            r.episode_id == f"{r.task}#t0"
+            and r.model == "scripted:learner"
+            and len(r.prompt_hash) == 64
+        )
         assert r.text.strip()
     for e in episodes:
         shown = json.loads(e.memory_json)
@@ -73,11 +77,23 @@ def test_solved_tasks_are_not_rerun(generated_games, tmp_path):
 
 
 def test_memory_window_never_exceeds_omega(generated_games, tmp_path):
-    cfg = config(generated_games, tmp_path, model="scripted:random", trials=4, memory_size=2, max_steps=6, games=2)
+    cfg = config(
+        generated_games,
+        tmp_path,
+        model="scripted:random",
+        trials=4,
+        memory_size=2,
+        max_steps=6,
+        games=2,
+    )
     store = RunStore(run(cfg), readonly=True)
     for e in store.episodes():
         assert len(json.loads(e.memory_json)) <= 2
-    failing = [g for g in {e.game for e in store.episodes()} if not any(x.won for x in store.episodes() if x.game == g)]
+    failing = [
+        g
+        for g in {e.game for e in store.episodes()}
+        if not any(x.won for x in store.episodes() if x.game == g)
+    ]
     for g in failing:
         assert [r.trial for r in store.reflections(g)] == [0, 1, 2, 3]  # all kept in the store
         last = [e for e in store.episodes() if e.game == g and e.trial == 3][0]
@@ -85,14 +101,18 @@ def test_memory_window_never_exceeds_omega(generated_games, tmp_path):
 
 
 def test_prefix_share(generated_games, tmp_path, capsys):
-    store = RunStore(run(config(generated_games, tmp_path, model="scripted:expert", trials=1)), readonly=True)
+    store = RunStore(
+        run(config(generated_games, tmp_path, model="scripted:expert", trials=1)), readonly=True
+    )
     shares = []  # share of step i's prompt that step i+1's prompt starts with
     cached = []  # share of step i+1's prompt that a prefix cache already holds from step i
     for e in store.episodes():
         steps = store.steps(e.episode_id)
         history = [(s.action, s.observation) for s in steps]
-        prompts = [actor_prompt(e.prompt_prefix, e.observation, history[:i]) for i in range(len(steps))]
-        for a, b in zip(prompts, prompts[1:]):
+        prompts = [
+            actor_prompt(e.prompt_prefix, e.observation, history[:i]) for i in range(len(steps))
+        ]
+        for a, b in zip(prompts, prompts[1:], strict=False):
             common = len(os.path.commonprefix([a, b]))
             shares.append(common / len(a))
             cached.append(common / len(b))
@@ -106,7 +126,9 @@ def test_prefix_share(generated_games, tmp_path, capsys):
 
 
 def test_deadline_stops_cleanly_and_resume_finishes(generated_games, tmp_path):
-    run_dir = run(config(generated_games, tmp_path, model="scripted:expert", trials=1, deadline="0s"))
+    run_dir = run(
+        config(generated_games, tmp_path, model="scripted:expert", trials=1, deadline="0s")
+    )
     store = RunStore(run_dir, readonly=True)
     assert "deadline" in store.get_meta("status")["stopped"]
     assert store.episodes() == []
@@ -123,7 +145,14 @@ def test_textworld_games_run_through_the_same_loop(tmp_path):
 
     games = tmp_path / "tw"
     generate_textworld_games(games, n=1, seed=3)
-    cfg = RunConfig(model="scripted:expert", env="textworld", data=str(games), trials=1, workers=1, run_dir=str(tmp_path / "run"))
+    cfg = RunConfig(
+        model="scripted:expert",
+        env="textworld",
+        data=str(games),
+        trials=1,
+        workers=1,
+        run_dir=str(tmp_path / "run"),
+    )
     store = RunStore(run(cfg), readonly=True)
     (episode,) = store.episodes()
     assert episode.won and episode.task_type == "textworld"

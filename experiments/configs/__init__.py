@@ -1,0 +1,1 @@
+"""Experiment presets (YAML), found by name: ``--config paper``."""

@@ -1,0 +1,537 @@
+"""Experiment presets and the job matrix: several runs, one after another, one report.
+
+A preset is a YAML file in ``experiments/configs/`` (run it by name: ``--config paper``) or
+anywhere (``--config path.yaml``). Either plain config keys (one run, as any ``--config`` file),
+or a matrix::
+
+    description: what it compares
+    extends: paper            # optional: start from another preset's base and jobs
+    needs_data: true          # optional: the real ALFWorld games ($ALFWORLD_DATA or --data)
+    base: {<config keys shared by every job>}
+    jobs:
+      - {name: react, agent: react}
+      - {name: reflexion, agent: reflexion}
+
+A job's config is: defaults < ``base`` < the job's keys < the flags given on the command line
+(so ``--model scripted:expert --games 2 --data DIR`` turns any preset into a quick CPU check; a
+preset's ``serve: true`` is dropped for a job whose model, after the flags, is not ``vllm:``).
+Each job runs in ``<run dir>/<job name>`` (default run dir ``runs/<preset>-<time>``), one after
+another; a job that fails is recorded in ``<run dir>/matrix.json`` with its error and the matrix
+goes on. Consecutive jobs that serve the same model with the same command share one server.
+A relative ``deadline`` (``8h``) is for the whole matrix. At the end one combined report is
+written to ``<run dir>/report``. ``--resume <run dir>`` plays every job that is not complete
+(interrupted ones continue from their last step, via the runner's resume), with the preset and
+flags recorded in ``matrix.json`` (flags given again override them).
+
+Dry runs (``--dry-run``) print each job's plan and need neither the models nor the games: when
+the games are not there yet, the plan counts the games the run would play: "134 games of
+eval_out_of_distribution (data not present)" for a ``needs_data`` preset, or the games a run
+would generate on first use (which the dry run does not generate).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import sys
+import time
+import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from datetime import datetime
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from experiments.config import RunConfig, from_mapping, load_yaml, parse_deadline
+from experiments.errors import ConfigError, RunStoreError
+
+STATE_FILE = "matrix.json"
+PRESET_KEYS = {"description", "extends", "needs_data", "base", "jobs"}
+# Not config keys: the CLI's own flags.
+NOT_FLAGS = {"config", "resume", "force", "dry_run", "handler", "command"}
+# The sizes of ALFWorld's splits (protocol facts), for plans made without the games.
+SPLIT_SIZES = {"eval_out_of_distribution": 134, "eval_in_distribution": 140, "train": 3553}
+_JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    overrides: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A loaded preset. ``jobs`` is empty for a plain (one-run) preset."""
+
+    name: str
+    path: Path | None
+    description: str
+    base: Mapping[str, Any]
+    jobs: tuple[Job, ...] = ()
+    needs_data: bool = False
+
+    @property
+    def is_matrix(self) -> bool:
+        return bool(self.jobs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "path": str(self.path) if self.path else None,
+            "description": self.description,
+            "base": dict(self.base),
+            "jobs": [{"name": j.name, **j.overrides} for j in self.jobs],
+            "needs_data": self.needs_data,
+        }
+
+
+# -- presets -------------------------------------------------------------------------------------
+def preset_dir() -> Path:
+    return Path(str(resources.files("experiments.configs")))
+
+
+def preset_names() -> list[str]:
+    """The presets shipped with the package."""
+    return sorted(p.stem for p in preset_dir().glob("*.yaml"))
+
+
+def find_preset(name_or_path: str) -> Path:
+    """A preset file: an existing path, else a shipped preset's name."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    candidate = preset_dir() / f"{name_or_path.removesuffix('.yaml')}.yaml"
+    if os.sep not in name_or_path and candidate.is_file():
+        return candidate
+    raise ConfigError(
+        f"config {name_or_path!r} is neither a file nor a preset: presets are "
+        f"{', '.join(preset_names())}"
+    )
+
+
+def load_preset(name_or_path: str, _seen: tuple[str, ...] = ()) -> Preset:
+    """Load and check a preset (every job's config is validated here)."""
+    path = find_preset(name_or_path)
+    name = path.stem
+    data = load_yaml(path)
+    if not PRESET_KEYS & set(data):
+        return Preset(name, path, "", data)  # plain config keys: one run
+    unknown = sorted(set(data) - PRESET_KEYS)
+    if unknown:
+        raise ConfigError(
+            f"preset {name}: unknown top-level key(s) {', '.join(map(repr, unknown))}: a matrix "
+            f"has {', '.join(sorted(PRESET_KEYS))} (config keys go under base: or a job)"
+        )
+    base: dict[str, Any] = {}
+    jobs: tuple[Job, ...] = ()
+    needs_data = False
+    description = ""
+    if "extends" in data:
+        parent_name = str(data["extends"])
+        if parent_name in (*_seen, name):
+            raise ConfigError(f"preset {name}: extends itself through {parent_name!r}")
+        parent = load_preset(parent_name, (*_seen, name))
+        base, jobs, needs_data = dict(parent.base), parent.jobs, parent.needs_data
+        description = parent.description
+    own_base = data.get("base") or {}
+    if not isinstance(own_base, dict):
+        raise ConfigError(f"preset {name}: base: must be a mapping of config keys")
+    base.update(own_base)
+    if "jobs" in data:
+        jobs = _parse_jobs(name, data["jobs"])
+    if not jobs:
+        raise ConfigError(f"preset {name}: no jobs: add jobs: [{{name: ..., <keys>}}, ...]")
+    needs_data = bool(data.get("needs_data", needs_data))
+    description = str(data.get("description", description) or "")
+    preset = Preset(name, path, description, base, jobs, needs_data)
+    for job in jobs:
+        job_config(preset, job, {}, Path("runs") / name)
+    return preset
+
+
+def preset_from_dict(data: Mapping[str, Any]) -> Preset:
+    """The preset recorded in a matrix's state file."""
+    jobs = _parse_jobs(str(data["name"]), data["jobs"])
+    return Preset(
+        name=str(data["name"]),
+        path=Path(data["path"]) if data.get("path") else None,
+        description=str(data.get("description") or ""),
+        base=dict(data.get("base") or {}),
+        jobs=jobs,
+        needs_data=bool(data.get("needs_data")),
+    )
+
+
+def _parse_jobs(preset: str, raw: Any) -> tuple[Job, ...]:
+    if not isinstance(raw, list):
+        raise ConfigError(f"preset {preset}: jobs: must be a list of mappings with a name")
+    jobs: list[Job] = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict) or "name" not in item:
+            raise ConfigError(f"preset {preset}: job {i + 1} needs a name: (a mapping)")
+        name = str(item["name"])
+        if not _JOB_NAME.match(name):
+            raise ConfigError(
+                f"preset {preset}: job name {name!r} must be letters, digits and . _ + - "
+                "(it names the job's run directory)"
+            )
+        if name in {j.name for j in jobs}:
+            raise ConfigError(f"preset {preset}: two jobs are named {name!r}")
+        jobs.append(Job(name, {k: v for k, v in item.items() if k != "name"}))
+    return tuple(jobs)
+
+
+def flag_values(args: argparse.Namespace) -> dict[str, Any]:
+    """The config keys given as flags (None = not given)."""
+    return {k: v for k, v in vars(args).items() if k not in NOT_FLAGS and v is not None}
+
+
+def job_config(
+    preset: Preset, job: Job, flags: Mapping[str, Any], run_dir: Path, start: float | None = None
+) -> RunConfig:
+    """A job's resolved config: defaults < base < job < flags; its run dir under ``run_dir``."""
+    values: dict[str, Any] = {**preset.base, **job.overrides}
+    values.update({k: v for k, v in flags.items() if k != "run_dir"})
+    values["run_dir"] = str(run_dir / job.name)
+    if values.get("serve") and "serve" not in flags and not _is_vllm(values.get("model")):
+        values["serve"] = False  # e.g. --model scripted:expert on a served preset
+    cfg = from_mapping(values, source=f"preset {preset.name}, job {job.name}")
+    if cfg.serve:
+        from experiments.serve import check_serve
+
+        check_serve(cfg)
+    if start is not None and cfg.deadline is not None:
+        # one deadline for the whole matrix, not a fresh "8h" per job
+        when = parse_deadline(cfg.deadline, start)
+        assert when is not None
+        cfg = replace(cfg, deadline=datetime.fromtimestamp(when).isoformat(timespec="seconds"))
+    return cfg
+
+
+def _is_vllm(model: Any) -> bool:
+    return isinstance(model, str) and model.strip().lower().startswith("vllm:")
+
+
+def default_matrix_dir(preset: Preset) -> Path:
+    return Path("runs") / f"{preset.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+# -- plans ---------------------------------------------------------------------------------------
+def plan_job(cfg: RunConfig, needs_data: bool = False) -> dict[str, Any]:
+    """``runner.plan`` when the games are there; otherwise a plan that says what is missing."""
+    from experiments.runner import plan
+
+    missing = _games_not_present(cfg, needs_data)
+    if missing is None:
+        out = plan(cfg)
+    else:
+        n, note = missing
+        out = _estimated_plan(cfg, n)
+        out["games_note"] = note
+    if cfg.serve:
+        from experiments.serve import DEFAULT_COMMAND, HOST, served_model, server_argv
+
+        words = server_argv(
+            cfg.serve_command or DEFAULT_COMMAND, served_model(cfg), HOST, cfg.serve_port
+        )
+        out["serve"] = {
+            "command": shlex.join(words),
+            "url": f"http://{HOST}:{cfg.serve_port}/v1",
+            "log": str(Path(cfg.run_dir or ".") / "server.log"),
+        }
+    return out
+
+
+def _games_not_present(cfg: RunConfig, needs_data: bool) -> tuple[int, str] | None:
+    """(games, note) when a plan cannot list the games without making or finding them."""
+    from envs.discovery import SPLITS, TASK_TYPES
+    from experiments.runner import DEFAULT_GAMES
+
+    if cfg.env == "textworld":
+        if (
+            cfg.data is not None
+            or (DEFAULT_GAMES / f"textworld-seed{cfg.seed}/.complete").is_file()
+        ):
+            return None
+        n = len(cfg.game_ids) or max(cfg.games or 3, 1)
+        return n, f"{n} TextWorld games generated on first run (seed {cfg.seed}; not made yet)"
+    if cfg.data or os.environ.get("ALFWORLD_DATA"):
+        return None
+    if needs_data:
+        total = SPLIT_SIZES.get(cfg.split)
+        n = len(cfg.game_ids) or min(cfg.games or total or 0, total or cfg.games or 0)
+        return n, (
+            f"{n} games of {cfg.split} (data not present: set $ALFWORLD_DATA or pass --data DIR)"
+        )
+    root = DEFAULT_GAMES / f"seed{cfg.seed}-n{cfg.generate_per_type}"
+    if (root / SPLITS.get(cfg.split, cfg.split) / ".complete").is_file():
+        return None
+    types = len(cfg.task_types) or len(set(TASK_TYPES.values()))
+    n = types * cfg.generate_per_type
+    n = len(cfg.game_ids) or min(cfg.games or n, n)
+    return n, (
+        f"{n} generated games of {cfg.split} ({cfg.generate_per_type} per task type, seed "
+        f"{cfg.seed}; made on first run into {root})"
+    )
+
+
+def _estimated_plan(cfg: RunConfig, n: int) -> dict[str, Any]:
+    reflections = 0 if cfg.agent == "react" else n * (cfg.trials - 1)
+    return {
+        "model": cfg.model,
+        "reflect_model": cfg.reflector_model,
+        "arm": cfg.agent,
+        "evaluator": cfg.evaluator,
+        "env": cfg.env,
+        "games": n,
+        "trials": cfg.trials,
+        "max_steps": cfg.max_steps,
+        "memory_size": cfg.memory_size,
+        "estimated_requests": {
+            "actor_steps_at_most": n * cfg.trials * cfg.max_steps,
+            "reflections_at_most": reflections,
+            "judge_calls_at_most": n * cfg.trials if cfg.evaluator == "llm" else 0,
+        },
+        "config": cfg.to_dict(),
+    }
+
+
+def plan_matrix(
+    preset: Preset, flags: Mapping[str, Any], run_dir: Path | None = None
+) -> dict[str, Any]:
+    """The dry run of a matrix: each job's plan, and the totals."""
+    root = run_dir or default_matrix_dir(preset)
+    jobs = []
+    for job in preset.jobs:
+        cfg = job_config(preset, job, flags, root)
+        jobs.append({"job": job.name, **plan_job(cfg, preset.needs_data)})
+    total = sum(sum(j["estimated_requests"].values()) for j in jobs)
+    return {
+        "preset": preset.name,
+        "description": preset.description,
+        "run_dir": str(root),
+        "jobs": jobs,
+        "arms": sorted({j["arm"] for j in jobs}),
+        "models": sorted({j["model"] for j in jobs}),
+        "estimated_requests_at_most": total,
+    }
+
+
+# -- running -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class MatrixResult:
+    run_dir: Path
+    jobs: dict[str, dict[str, Any]]  # job name -> status record (as in matrix.json)
+    report: Path | None
+
+    @property
+    def failed(self) -> list[str]:
+        return [n for n, r in self.jobs.items() if r.get("status") == "failed"]
+
+
+def is_matrix_dir(path: str | os.PathLike[str]) -> bool:
+    return (Path(path) / STATE_FILE).is_file()
+
+
+def read_state(run_dir: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((run_dir / STATE_FILE).read_text())
+    except (OSError, ValueError) as exc:
+        raise RunStoreError(f"cannot read {run_dir / STATE_FILE}: {exc}") from None
+    if not isinstance(data, dict) or "preset" not in data:
+        raise RunStoreError(f"{run_dir / STATE_FILE} is not a matrix state file")
+    return data
+
+
+def _write_state(run_dir: Path, state: dict[str, Any]) -> None:
+    tmp = run_dir / f".{STATE_FILE}.tmp"
+    tmp.write_text(json.dumps(state, indent=1, sort_keys=True, default=str) + "\n")
+    tmp.replace(run_dir / STATE_FILE)
+
+
+def job_status(job_dir: Path) -> str:
+    """``new`` (no run yet), ``complete``, or ``unfinished`` (stopped, failed or interrupted)."""
+    from experiments.store import RunStore
+
+    if not (job_dir / "run.sqlite").is_file():
+        return "new"
+    store = RunStore(job_dir, readonly=True)
+    try:
+        status = store.get_meta("status") or {}
+    finally:
+        store.close()
+    return "complete" if status.get("complete") else "unfinished"
+
+
+class _Servers:
+    """At most one model server at a time, shared by consecutive jobs that serve the same."""
+
+    def __init__(self, matrix_dir: Path) -> None:
+        self.matrix_dir = matrix_dir
+        self.key: tuple[Any, ...] | None = None
+        self.server: Any = None
+
+    def get(self, cfg: RunConfig, job_dir: Path) -> Any:
+        from experiments.serve import ModelServer, serve_settings
+
+        settings = serve_settings(cfg, job_dir / "server.log", self.matrix_dir / "server.pid")
+        key = (settings.argv, settings.port, settings.model, settings.startup_timeout_s)
+        if self.server is not None and key == self.key and self.server.failed is None:
+            return self.server
+        self.close()
+        job_dir.mkdir(parents=True, exist_ok=True)
+        self.server = ModelServer(settings).start()
+        self.key = key
+        return self.server
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+            self.key = None
+
+
+def run_matrix(
+    preset: Preset | None,
+    flags: Mapping[str, Any],
+    run_dir: Path | None = None,
+    resume: bool = False,
+    force: bool = False,
+) -> MatrixResult:
+    """Run every job of a matrix; with ``resume``, the unfinished jobs of the one in ``run_dir``.
+
+    A resumed matrix uses the preset and flags recorded in its state file (``preset`` is
+    ignored); flags given now override the recorded ones.
+    """
+    from experiments.runner import run
+
+    if resume:
+        if run_dir is None or not is_matrix_dir(run_dir):
+            raise RunStoreError(f"{str(run_dir)!r} holds no matrix ({STATE_FILE} is missing)")
+        root = Path(run_dir)
+        state = read_state(root)
+        preset = preset_from_dict(state["preset"])
+        flags = {**state.get("flags", {}), **flags}
+        state["resumed_at"] = time.time()
+    else:
+        if preset is None:
+            raise ConfigError("no preset given: pass --config <preset or file>")
+        root = Path(run_dir) if run_dir is not None else default_matrix_dir(preset)
+        if is_matrix_dir(root):
+            raise RunStoreError(
+                f"{str(root)!r} already holds a matrix: use --resume {root} or another --run-dir"
+            )
+        if root.exists() and any(root.iterdir()):
+            raise RunStoreError(
+                f"{str(root)!r} is not empty and holds no matrix: pick another --run-dir"
+            )
+        state = {
+            "preset": preset.to_dict(),
+            "flags": dict(flags),
+            "started_at": time.time(),
+            "jobs": {},
+        }
+    root.mkdir(parents=True, exist_ok=True)
+    state["flags"] = {k: v for k, v in dict(flags).items() if k != "run_dir"}
+    start = time.time()
+    configs = [(job, job_config(preset, job, flags, root, start)) for job in preset.jobs]
+    if preset.needs_data and not os.environ.get("ALFWORLD_DATA"):
+        if not all(cfg.data or cfg.env != "alfworld" for _, cfg in configs):
+            raise ConfigError(
+                f"preset {preset.name} plays the real ALFWorld games of "
+                f"{configs[0][1].split}: set $ALFWORLD_DATA or pass --data DIR "
+                "(generated games: reflexsim games generate --out DIR ...)"
+            )
+    results: dict[str, dict[str, Any]] = state.setdefault("jobs", {})
+    _write_state(root, state)
+    servers = _Servers(root)
+    try:
+        for job, cfg in configs:
+            job_dir = Path(str(cfg.run_dir))
+            record = results.setdefault(job.name, {})
+            record.update(run_dir=str(job_dir), model=cfg.model, arm=cfg.agent)
+            status = job_status(job_dir)
+            if status == "complete":
+                record["status"] = "complete"
+                continue
+            deadline = parse_deadline(cfg.deadline, start)
+            if deadline is not None and time.time() >= deadline:
+                record.update(status="pending", note="deadline reached before it started")
+                continue
+            record.update(status="running", started_at=time.time())
+            record.pop("error", None)
+            record.pop("traceback", None)
+            _write_state(root, state)
+            _say(f"matrix {preset.name}: job {job.name} ({cfg.model}, {cfg.agent})")
+            resume = str(job_dir) if status == "unfinished" else None
+            try:
+                if cfg.serve:
+                    from experiments.serve import run_served
+
+                    server = servers.get(cfg, job_dir)
+                    record["server_log"] = str(server.settings.log_path)
+                    run_served(cfg, resume=resume, force=force, server=server)
+                else:
+                    servers.close()
+                    run(cfg, resume=resume, force=force)
+            except KeyboardInterrupt:
+                record.update(status="interrupted", finished_at=time.time())
+                raise
+            except Exception as exc:  # noqa: BLE001 - recorded; the next job still runs
+                record.update(
+                    status="failed",
+                    error=f"{type(exc).__name__}: {exc}".splitlines()[0][:2000],
+                    traceback=traceback.format_exc()[-8000:],
+                    finished_at=time.time(),
+                )
+                _say(f"matrix {preset.name}: job {job.name} failed: {record['error']}")
+                continue
+            finally:
+                _write_state(root, state)
+            done = job_status(job_dir)
+            record.update(status="complete" if done == "complete" else "stopped")
+            record["finished_at"] = time.time()
+            record["wall_s"] = round(record["finished_at"] - record["started_at"], 2)
+            _write_state(root, state)
+    finally:
+        servers.close()
+        _write_state(root, state)
+    report = _report(root, preset, results, state)
+    return MatrixResult(root, results, report)
+
+
+def _report(
+    root: Path, preset: Preset, results: dict[str, dict[str, Any]], state: dict[str, Any]
+) -> Path | None:
+    from experiments.report import write_report
+
+    dirs = [
+        Path(results[j.name]["run_dir"])
+        for j in preset.jobs
+        if j.name in results and (Path(results[j.name]["run_dir"]) / "run.sqlite").is_file()
+    ]
+    state.pop("report_error", None)
+    if not dirs:
+        state["report"] = None
+        _write_state(root, state)
+        return None
+    try:
+        out = write_report(dirs, root / "report")
+    except Exception as exc:  # noqa: BLE001 - the runs are safe; say why the report is missing
+        state["report"] = None
+        state["report_error"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        _write_state(root, state)
+        return None
+    state["report"] = str(out)
+    state["finished_at"] = time.time()
+    _write_state(root, state)
+    return out
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)

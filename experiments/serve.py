@@ -1,0 +1,550 @@
+"""Serve a ``vllm:`` model for a run: start the server, wait until healthy, supervise, stop.
+
+``--serve`` (or ``serve: true``) runs ``serve_command`` (default ``vllm serve {model} --host
+{host} --port {port}``; placeholders ``{model}``, ``{host}``, ``{port}``, ``{python}``) as a
+subprocess in its own process group, with stdout and stderr appended to ``<run dir>/server.log``
+and its pid in ``<run dir>/server.pid``. It waits until ``GET /health`` answers (200; a 404 means
+the server has no such route, as llama.cpp's) and ``GET /v1/models`` lists the model, then points
+the run at ``http://127.0.0.1:<port>/v1``: the ``vllm:`` spec with a ``base_url`` is the OpenAI
+backend on the ``/completions`` endpoint (the prompt is sent exactly as rendered).
+
+A supervisor thread polls the process (and ``/health`` every ``health_every_s``); when it exits,
+or fails ``unhealthy_after`` health checks in a row, the whole process group is killed (vLLM's
+engine runs in child processes) and the command is started again on the same port, up to
+``max_restarts`` times. Requests in flight meanwhile fail and are retried by the OpenAI backend:
+served runs default to a retry window of about ten minutes (:data:`RESTART_RETRIES` retries,
+backoff capped at :data:`RESTART_BACKOFF_MAX_S`; ``backend_options`` override it), which covers a
+restart; anything worse (a run that gives up, or a killed runner) is covered by the runner's
+step-level ``--resume``. At the end the group gets SIGTERM, then SIGKILL after ``stop_grace_s``.
+
+The port is fixed (``serve_port``, default 8000) so that a resumed run finds its server at the
+URL its manifest records. A server left behind by a killed runner is recognised by its pid file
+(same pid and command line) and stopped before the new one starts; any other program on the
+port is an error naming the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from experiments.config import RunConfig
+from experiments.errors import ConfigError, RunStoreError
+
+log = logging.getLogger("reflexsim.serve")
+
+HOST = "127.0.0.1"
+DEFAULT_COMMAND = "vllm serve {model} --host {host} --port {port}"
+PLACEHOLDERS = ("{model}", "{host}", "{port}", "{python}")
+# 1+2+4+8+16 s, then 30 s each: about 10 minutes before a request gives up
+RESTART_RETRIES = 24
+RESTART_BACKOFF_MAX_S = 30.0
+
+
+class ServeError(ConfigError):
+    """The model server could not be started or kept running; the message names its log."""
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """How to run and watch one model server."""
+
+    argv: tuple[str, ...]
+    model: str  # the name the server must list in /v1/models
+    port: int
+    log_path: Path
+    pid_path: Path
+    host: str = HOST
+    startup_timeout_s: float = 1800.0
+    stop_grace_s: float = 30.0
+    poll_s: float = 0.25
+    health_every_s: float = 10.0
+    unhealthy_after: int = 6
+    max_restarts: int = 5
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def root_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        """The OpenAI-style base URL."""
+        return f"{self.root_url}/v1"
+
+
+def served_model(cfg: RunConfig) -> str:
+    """The model a served run's server must serve (the target of its ``vllm:`` spec)."""
+    from agents.llm.specs import parse_spec
+
+    spec = parse_spec(cfg.model)
+    if spec.kind != "vllm":
+        raise ConfigError(
+            f"--serve starts a server for a vllm: model, not {cfg.model!r}: "
+            "use --model vllm:<model>, or drop --serve"
+        )
+    return spec.target
+
+
+def check_serve(cfg: RunConfig) -> None:
+    """One-line errors for a served config that cannot work (before anything is started)."""
+    served_model(cfg)
+    if cfg.reflect_model and cfg.reflect_model != cfg.model:
+        from agents.llm.specs import parse_spec
+
+        if parse_spec(cfg.reflect_model).kind == "vllm":
+            raise ConfigError(
+                f"--serve serves one model ({cfg.model}); reflect-model {cfg.reflect_model!r} "
+                "must be the same model or an API model"
+            )
+    if not 1 <= cfg.serve_port <= 65535:
+        raise ConfigError(f"serve-port must be in 1..65535, got {cfg.serve_port}")
+    if cfg.serve_timeout_s <= 0:
+        raise ConfigError(f"serve-timeout-s must be > 0, got {cfg.serve_timeout_s}")
+    expected = f"http://{HOST}:{cfg.serve_port}/v1"
+    if cfg.base_url and cfg.base_url.rstrip("/") != expected:
+        raise ConfigError(
+            f"--serve points the run at its own server ({expected}): drop --base-url "
+            f"{cfg.base_url!r}, or drop --serve to use that server"
+        )
+    template = cfg.serve_command or DEFAULT_COMMAND
+    if "{port}" not in template:
+        raise ConfigError(
+            f"serve-command {template!r} must pass the port as {{port}} (e.g. --port {{port}})"
+        )
+    server_argv(template, served_model(cfg), HOST, cfg.serve_port)
+
+
+def server_argv(template: str, model: str, host: str, port: int) -> tuple[str, ...]:
+    """The command line: the template split like a shell would, placeholders filled in.
+
+    The program is left as written; :func:`serve_settings` finds it when a server is started.
+    """
+    try:
+        words = shlex.split(template)
+    except ValueError as exc:
+        raise ConfigError(f"serve-command {template!r} cannot be split: {exc}") from None
+    if not words:
+        raise ConfigError("serve-command is empty: give a command such as vllm serve {model} ...")
+    values = {"{model}": model, "{host}": host, "{port}": str(port), "{python}": sys.executable}
+    argv = []
+    for word in words:
+        for key, value in values.items():
+            word = word.replace(key, value)
+        argv.append(word)
+    return tuple(argv)
+
+
+def _executable(name: str) -> str:
+    if os.sep in name:
+        return name
+    found = shutil.which(name)
+    if found:
+        return found
+    beside = Path(sys.executable).parent / name  # a venv's bin/ when the venv is not activated
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    if name == "vllm":
+        from agents.llm.base import MissingDependencyError
+
+        raise MissingDependencyError("vllm", "vllm")
+    raise ConfigError(
+        f"serve-command program {name!r} not found on PATH: install it or fix the path"
+    )
+
+
+def serve_settings(cfg: RunConfig, log_path: Path, pid_path: Path | None = None) -> ServeSettings:
+    """The server of a served config (checked with :func:`check_serve`)."""
+    check_serve(cfg)
+    model = served_model(cfg)
+    argv = server_argv(cfg.serve_command or DEFAULT_COMMAND, model, HOST, cfg.serve_port)
+    return ServeSettings(
+        argv=(_executable(argv[0]), *argv[1:]),
+        model=model,
+        port=cfg.serve_port,
+        log_path=log_path,
+        pid_path=pid_path or log_path.with_name("server.pid"),
+        startup_timeout_s=cfg.serve_timeout_s,
+    )
+
+
+def served_config(cfg: RunConfig, port: int) -> RunConfig:
+    """The config the runner gets: the server's URL, and retries that outlast a restart."""
+    options = dict(cfg.backend_options)
+    options.setdefault("api", "completions")
+    options.setdefault("concurrency", max(cfg.concurrency, 8))
+    options.setdefault("max_retries", RESTART_RETRIES)
+    options.setdefault("backoff_max", RESTART_BACKOFF_MAX_S)
+    return replace(
+        cfg, base_url=f"http://{HOST}:{port}/v1", serve_port=port, backend_options=options
+    )
+
+
+# -- HTTP and processes ------------------------------------------------------------------------
+def _get(url: str, timeout: float = 2.0) -> tuple[int, bytes] | None:
+    """(status, body) of a GET, or None when nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return int(response.status), response.read()
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), b""
+    except (OSError, ValueError):
+        return None
+
+
+def port_free(host: str, port: int) -> bool:
+    """Whether a server could listen on ``host:port`` now (SO_REUSEADDR, as servers bind)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = HOST) -> int:
+    """A port nothing listens on now (for tests and ad-hoc servers)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _cmdline(pid: int) -> tuple[str, ...] | None:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return tuple(p.decode(errors="replace") for p in raw.split(b"\0") if p)
+
+
+def _tail(path: Path, lines: int = 3) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return " | ".join(line.strip() for line in text[-lines:] if line.strip())[-400:]
+
+
+class ModelServer:
+    """One supervised server process (group). Use as a context manager, or start()/stop()."""
+
+    def __init__(self, settings: ServeSettings) -> None:
+        self.settings = settings
+        self.restarts = 0
+        self.events: list[dict[str, Any]] = []
+        self.failed: str | None = None  # why the supervisor gave up, if it did
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: Any = None
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return self.settings.url
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def __enter__(self) -> ModelServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> ModelServer:
+        """Start the server and wait until it is ready; raises ServeError naming the log."""
+        s = self.settings
+        s.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(s.log_path, "ab", buffering=0)  # noqa: SIM115 - closed in stop()
+        try:
+            self._clear_port()
+            self._spawn()
+            self._wait_ready(self._proc_or_fail())
+        except BaseException:
+            self._stop_process()
+            self._close_log()
+            raise
+        self._thread = threading.Thread(
+            target=self._supervise, name="serve-supervisor", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop supervising, then SIGTERM the process group, SIGKILL after the grace period."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self._stop_process()
+        if self._log is not None:
+            self._note("stopped", restarts=self.restarts)
+        self._close_log()
+
+    # -- internals -----------------------------------------------------------------------------
+    def _note(self, event: str, **details: Any) -> None:
+        record = {"t": time.time(), "event": event, **details}
+        self.events.append(record)
+        text = " ".join(f"{k}={v}" for k, v in details.items())
+        log.info("server %s %s", event, text)
+        if self._log is not None:
+            try:
+                self._log.write(f"[reflexsim serve] {event} {text}\n".encode())
+            except (OSError, ValueError):
+                pass
+
+    def _close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def _proc_or_fail(self) -> subprocess.Popen[bytes]:
+        assert self._proc is not None
+        return self._proc
+
+    def _clear_port(self) -> None:
+        s = self.settings
+        if port_free(s.host, s.port):
+            return
+        old = self._orphan()
+        if old is not None:
+            self._note("stopping a server left by an earlier run", pid=old)
+            _signal_group(old, signal.SIGKILL)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not port_free(s.host, s.port):
+                time.sleep(0.2)
+        if not port_free(s.host, s.port):
+            raise ServeError(
+                f"port {s.port} on {s.host} is in use by another program: stop it, or pick a "
+                "free port with --serve-port (a resumed run then needs --force)"
+            )
+
+    def _orphan(self) -> int | None:
+        """The pid of a live server this run started earlier (same pid file, same command)."""
+        try:
+            info = json.loads(self.settings.pid_path.read_text())
+            pid = int(info["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if _cmdline(pid) == tuple(info.get("argv", ())) and group_alive(pid):
+            return pid
+        return None
+
+    def _spawn(self) -> None:
+        s = self.settings
+        self._note("starting", command=shlex.join(s.argv))
+        env = {**os.environ, **s.env}
+        try:
+            self._proc = subprocess.Popen(
+                s.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: one signal reaches its children
+                env=env,
+            )
+        except OSError as exc:
+            raise ServeError(f"cannot start {s.argv[0]!r}: {exc.strerror or exc}") from None
+        s.pid_path.write_text(json.dumps({"pid": self._proc.pid, "argv": list(s.argv)}) + "\n")
+
+    def _wait_ready(self, proc: subprocess.Popen[bytes]) -> None:
+        s = self.settings
+        started = time.monotonic()
+        deadline = started + s.startup_timeout_s
+        healthy = False
+        while True:
+            if self._stopping.is_set():
+                raise ServeError("stopped while the server was starting")
+            code = proc.poll()
+            if code is not None:
+                raise ServeError(
+                    f"{Path(s.argv[0]).name} exited with code {code} before it was ready; "
+                    f"see {s.log_path} (last lines: {_tail(s.log_path)})"
+                )
+            if time.monotonic() > deadline:
+                raise ServeError(
+                    f"{Path(s.argv[0]).name} was not ready after {s.startup_timeout_s:.0f}s; "
+                    f"see {s.log_path}, or raise serve_timeout_s"
+                )
+            if not healthy:
+                got = _get(f"{s.root_url}/health")
+                healthy = got is not None and got[0] in (200, 404)
+            if healthy:
+                got = _get(f"{s.url}/models")
+                if got is not None and got[0] == 200:
+                    ids = _model_ids(got[1])
+                    if s.model in ids:
+                        self._note("ready", after_s=round(time.monotonic() - started, 2))
+                        return
+                    raise ServeError(
+                        f"the server on port {s.port} serves {ids}, not {s.model!r}: "
+                        "check serve-command (vLLM: --served-model-name)"
+                    )
+            time.sleep(s.poll_s)
+
+    def _supervise(self) -> None:
+        s = self.settings
+        last_check = time.monotonic()
+        bad = 0
+        while not self._stopping.wait(s.poll_s):
+            proc = self._proc_or_fail()
+            code = proc.poll()
+            reason = None
+            if code is not None:
+                reason = f"exited with code {code}"
+            elif time.monotonic() - last_check >= s.health_every_s:
+                last_check = time.monotonic()
+                got = _get(f"{s.root_url}/health", timeout=5.0)
+                bad = 0 if got is not None and got[0] in (200, 404) else bad + 1
+                if bad >= s.unhealthy_after:
+                    reason = f"unhealthy ({bad} failed health checks in a row)"
+            if reason is None:
+                continue
+            bad = 0
+            if not self._restart(reason):
+                return
+
+    def _restart(self, reason: str) -> bool:
+        s = self.settings
+        with self._lock:
+            self._note("died", reason=reason, pid=self.pid)
+            self._stop_process(grace=0.0)
+            while self.restarts < s.max_restarts:
+                if self._stopping.is_set():
+                    return False
+                self.restarts += 1
+                self._note("restart", attempt=f"{self.restarts}/{s.max_restarts}")
+                try:
+                    self._spawn()
+                    self._wait_ready(self._proc_or_fail())
+                    return True
+                except ServeError as exc:
+                    self._note("restart failed", error=str(exc))
+                    self._stop_process(grace=0.0)
+            self.failed = f"gave up after {s.max_restarts} restarts ({reason})"
+            self._note("gave up", reason=self.failed)
+            return False
+
+    def _stop_process(self, grace: float | None = None) -> None:
+        proc = self._proc
+        if proc is None:
+            return
+        grace = self.settings.stop_grace_s if grace is None else grace
+        pgid = proc.pid  # start_new_session: the group id is the leader's pid
+        _signal_group(pgid, signal.SIGTERM if grace > 0 else signal.SIGKILL)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            proc.poll()  # reap the leader, so that it no longer counts as a member
+            if not group_alive(pgid):
+                break
+            time.sleep(0.1)
+        else:
+            _signal_group(pgid, signal.SIGKILL)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+        end = time.monotonic() + 10
+        while group_alive(pgid) and time.monotonic() < end:
+            _signal_group(pgid, signal.SIGKILL)
+            time.sleep(0.1)
+        self._proc = None
+
+
+def _model_ids(body: bytes) -> list[str]:
+    try:
+        data = json.loads(body)
+        return [str(m.get("id")) for m in data.get("data", [])]
+    except (ValueError, AttributeError, TypeError):
+        return []
+
+
+# -- running a served config ---------------------------------------------------------------------
+def run_served(
+    cfg: RunConfig,
+    resume: str | None = None,
+    force: bool = False,
+    server: ModelServer | None = None,
+) -> Path:
+    """``runner.run`` with the model served: starts (or reuses) the server, stops one it started."""
+    from experiments.runner import default_run_dir, run, select_games
+
+    check_serve(cfg)
+    run_dir = Path(resume) if resume else Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg)
+    if not resume and (run_dir / "run.sqlite").exists():
+        raise RunStoreError(
+            f"{str(run_dir)!r} already holds a run: use --resume {run_dir} or another --run-dir"
+        )
+    select_games(cfg)  # a bad game selection fails now, not after a long server start
+    run_dir.mkdir(parents=True, exist_ok=True)
+    own = server is None
+    if server is None:
+        server = ModelServer(serve_settings(cfg, run_dir / "server.log")).start()
+    first_event = len(server.events)
+    try:
+        served = served_config(replace(cfg, run_dir=str(run_dir)), server.settings.port)
+        return run(served, resume=resume, force=force)
+    finally:
+        if own:
+            server.stop()
+        _record(run_dir, server, first_event)
+
+
+def _record(run_dir: Path, server: ModelServer, first_event: int) -> None:
+    """Put the server's restarts into the run store (the log has the details)."""
+    from experiments.store import RunStore
+
+    if not (run_dir / "run.sqlite").exists():
+        return
+    store = RunStore(run_dir)
+    try:
+        for e in server.events[first_event:]:
+            if e["event"] in ("died", "restart", "restart failed", "gave up"):
+                store.log_event(f"server_{e['event'].replace(' ', '_')}", json.dumps(e))
+        store.set_meta(
+            "server",
+            {
+                "command": list(server.settings.argv),
+                "url": server.url,
+                "log": str(server.settings.log_path),
+                "restarts": server.restarts,
+                "failed": server.failed,
+            },
+        )
+    finally:
+        store.close()
