@@ -1,7 +1,8 @@
 """Model specs: strings naming a backend and a model, parsed here and nowhere else.
 
 =====================================  ===================================================
-``vllm:<hub id or path>``               in-process vLLM (``pip install reflexsim[vllm]``)
+``vllm:<hub id or path>``               in-process vLLM (``pip install reflexsim[vllm]``); with
+                                        ``base_url=`` a ``vllm serve`` of that model over HTTP
 ``openai:<model>``                      OpenAI, or any compatible server with ``base_url=``
 ``anthropic:<model>``                   Anthropic's Messages API
 ``hf:<hub id or path>``                 transformers, batched (``reflexsim[hf]``)
@@ -13,6 +14,8 @@
 
 Options (``base_url=``, ``concurrency=``, ...) are keyword arguments of :func:`make_backend`;
 each backend's constructor lists its own, and an unknown one is a :class:`SpecError`.
+A comma-separated ``base_url`` (``openai:`` or ``vllm:``) shards the run's games across those
+servers (:mod:`agents.llm.sharded`).
 """
 
 from __future__ import annotations
@@ -106,11 +109,23 @@ def make_backend(spec: str, **options: Any) -> Backend:
     parsed = parse_spec(spec)
     kind, target = parsed.kind, parsed.target
     factory: Callable[..., Any]
-    if kind == "vllm":
+    base_url = options.get("base_url")
+    if kind in ("openai", "vllm") and isinstance(base_url, str) and "," in base_url:
+        from agents.llm.sharded import ShardedBackend
+
+        options.pop("base_url")
+        options.setdefault("name", str(parsed))
+        return ShardedBackend(target, base_url.split(","), **options)
+    if kind == "vllm" and base_url:
+        # a running `vllm serve`: its OpenAI-compatible API, named by the vllm: spec
+        from agents.llm.openai_backend import OpenAIBackend
+
+        factory = OpenAIBackend
+    elif kind == "vllm":
         from agents.llm.vllm_backend import VLLMBackend
 
         return VLLMBackend(target, **options)  # type: ignore[return-value]
-    if kind == "openai":
+    elif kind == "openai":
         from agents.llm.openai_backend import OpenAIBackend
 
         factory = OpenAIBackend

@@ -1,0 +1,257 @@
+"""One run's games shared by several OpenAI-compatible servers (``--base-url URL1,URL2,...``).
+
+``ShardedBackend`` holds one :class:`~agents.llm.openai_backend.OpenAIBackend` per server and
+routes every request by a stable hash of ``Request.side["game"]`` (rendezvous hashing: each
+server's score is ``sha256(url + game)``, the highest wins), so all steps and the reflections of
+an episode go to the same server, whose prefix cache then holds that episode's prompt. The
+mapping depends only on the game ids and the set of URLs (not their order, not the process), so a
+resumed run sends each game where it went before. Requests without a game are routed by their
+prompt text.
+
+Each server's share of a batch is sent concurrently with the others' (and within a share, up to
+that server's ``concurrency`` at a time). When a request fails on a server, the server is probed
+(``GET <url>/models``); if it does not answer it is marked down for ``down_for_s`` seconds and
+the request, and every later one routed there, goes to the game's next server in rendezvous
+order (the same one for all of that game's steps, so its cache warms up again). A failover is
+logged on ``agents.llm.sharded``, counted in :meth:`ShardedBackend.stats`, added to the
+completion's ``retries`` (so the run store records it as a retry) and noted in
+``Completion.sent`` (``server``, ``failed_over_from``). A request that fails on a server that
+still answers (a bad request) is not failed over: the error is raised as it is. When no server
+is left, :class:`~agents.llm.base.BackendError` is raised and the runner records the episodes
+as errored (``--resume`` plays them again).
+
+Per-server retries default to 2 (``max_retries=``), so that a dead server is left after a few
+seconds instead of after the single-server backoff of minutes. Every other option is passed to
+each server's OpenAIBackend.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import inspect
+import logging
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from agents.llm.base import BackendError, Completion, Request, SpecError
+from agents.llm.common import safe_url
+from agents.llm.retry import concurrent_map
+
+log = logging.getLogger("agents.llm.sharded")
+
+DEFAULT_SERVER_RETRIES = 2
+PROBE_TIMEOUT_S = 3.0
+
+
+class _RequestError(BackendError):
+    """A request that failed on a server that answers: raised as is, never failed over."""
+
+
+def routing_key(request: Request) -> str:
+    """What a request is routed by: its game, else its prompt (or messages) text."""
+    game = request.side.get("game") if request.side else None
+    if game is not None:
+        return f"game:{game}"
+    if request.prompt is not None:
+        return f"prompt:{request.prompt}"
+    return "messages:" + "\n".join(f"{m.role}:{m.content}" for m in request.messages or ())
+
+
+def ranking(key: str, urls: Sequence[str]) -> list[int]:
+    """Server indices in preference order for ``key`` (rendezvous hashing; stable, order-free)."""
+
+    def score(i: int) -> bytes:
+        return hashlib.sha256(f"{urls[i]}\n{key}".encode()).digest()
+
+    return sorted(range(len(urls)), key=score, reverse=True)
+
+
+def _server_options() -> set[str]:
+    from agents.llm.openai_backend import OpenAIBackend
+
+    params = inspect.signature(OpenAIBackend).parameters
+    return {n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY} - {
+        "base_url",
+        "name",
+    }
+
+
+class ShardedBackend:
+    """Several OpenAI-compatible servers behind one backend; see the module docstring."""
+
+    def __init__(
+        self,
+        model: str,
+        base_urls: Sequence[str],
+        *,
+        name: str | None = None,
+        down_for_s: float | str = 30.0,
+        **server_options: Any,
+    ) -> None:
+        urls = [u.strip().rstrip("/") for u in base_urls if u and u.strip()]
+        if len(urls) < 2:
+            raise SpecError(
+                f"a sharded backend needs at least two base URLs separated by commas, got {base_urls!r}"
+            )
+        if len(set(urls)) != len(urls):
+            raise SpecError(f"base URL listed twice in {','.join(urls)!r}: list each server once")
+        unknown = sorted(set(server_options) - _server_options())
+        if unknown:
+            raise SpecError(
+                f"unknown option(s) {', '.join(unknown)} for a sharded backend; valid: "
+                f"{', '.join(sorted(_server_options() | {'down_for_s'}))}"
+            )
+        try:
+            self.down_for_s = float(down_for_s)
+        except (TypeError, ValueError):
+            raise SpecError(f"sharded: option down_for_s={down_for_s!r} must be a number") from None
+        from agents.llm.openai_backend import OpenAIBackend
+
+        server_options.setdefault("max_retries", DEFAULT_SERVER_RETRIES)
+        self.model = model
+        self.urls = urls
+        self.name = name or f"openai:{model}"
+        self.servers: list[OpenAIBackend] = []
+        try:
+            for url in urls:
+                self.servers.append(
+                    OpenAIBackend(
+                        model, base_url=url, name=f"{self.name}@{safe_url(url)}", **server_options
+                    )
+                )
+        except BaseException:
+            self.close()
+            raise
+        self._lock = threading.Lock()
+        self._down_until: dict[int, float] = {}
+        self._requests = [0] * len(urls)
+        self._failed_over = [0] * len(urls)  # requests that left this server because it was down
+        self._outages = [0] * len(urls)
+        width = sum(s.concurrency for s in self.servers)
+        self._pool = ThreadPoolExecutor(width, thread_name_prefix="sharded")
+
+    def describe(self) -> dict[str, Any]:
+        """The servers and the routing rule; safe to store (no key)."""
+        return {
+            "spec": self.name,
+            "backend": "sharded",
+            "model": self.model,
+            "routing": "rendezvous sha256(url, side['game'])",
+            "down_for_s": self.down_for_s,
+            "servers": [s.describe() for s in self.servers],
+        }
+
+    def stats(self) -> dict[str, Any]:
+        """Requests answered per server, failovers away from each, and outages seen."""
+        with self._lock:
+            return {
+                "requests": dict(zip(self.urls, self._requests, strict=True)),
+                "failed_over": dict(zip(self.urls, self._failed_over, strict=True)),
+                "outages": dict(zip(self.urls, self._outages, strict=True)),
+                "down": [self.urls[i] for i in self._down_now()],
+            }
+
+    def server_for(self, request: Request) -> str:
+        """The URL a request goes to now (its first server that is not marked down)."""
+        order = ranking(routing_key(request), self.urls)
+        with self._lock:
+            down = set(self._down_now())
+        return self.urls[next((i for i in order if i not in down), order[0])]
+
+    # -- generation ----------------------------------------------------------------------------
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        return concurrent_map(self._one, list(requests), self._pool)
+
+    def _one(self, request: Request) -> Completion:
+        ranked = ranking(routing_key(request), self.urls)
+        preferred = ranked[0]
+        with self._lock:
+            down = set(self._down_now())
+        # servers marked down go last: tried only when every other server has failed too
+        order = [i for i in ranked if i not in down] + [i for i in ranked if i in down]
+        failures = 0
+        last_error: BackendError | None = None
+        for i in order:
+            try:
+                completion = self._send(i, request)
+            except _RequestError:
+                raise
+            except BackendError as exc:
+                last_error = exc
+                failures += 1
+                self._mark_down(i, exc)
+                continue
+            with self._lock:
+                self._requests[i] += 1
+                self._down_until.pop(i, None)
+                if i != preferred:
+                    self._failed_over[preferred] += 1
+            return self._noted(completion, i, preferred, failures)
+        raise BackendError(
+            f"{self.name}: all {len(self.urls)} servers are down "
+            f"({', '.join(str(safe_url(u)) for u in self.urls)}); last error: {last_error}"
+        )
+
+    def _send(self, i: int, request: Request) -> Completion:
+        """One request to server ``i``; BackendError only when the server does not answer."""
+        try:
+            return self.servers[i].generate([request])[0]
+        except BackendError:
+            if not self._answers(i):
+                raise
+        # it answers: try once more, and an error now is the request's own (not a failover)
+        try:
+            return self.servers[i].generate([request])[0]
+        except BackendError as exc:
+            raise _RequestError(str(exc)) from None
+
+    def _noted(self, c: Completion, i: int, preferred: int, failures: int) -> Completion:
+        sent = dict(c.sent) if isinstance(c.sent, dict) else {"sent": c.sent}
+        sent["server"] = safe_url(self.urls[i])
+        if i != preferred:
+            sent["failed_over_from"] = safe_url(self.urls[preferred])
+        return dataclasses.replace(c, sent=sent, retries=c.retries + failures)
+
+    def _down_now(self) -> list[int]:
+        now = time.monotonic()
+        return [i for i, until in self._down_until.items() if until > now]
+
+    def _mark_down(self, i: int, exc: BaseException) -> None:
+        with self._lock:
+            was_down = self._down_until.get(i, 0.0) > time.monotonic()
+            self._down_until[i] = time.monotonic() + self.down_for_s
+            if not was_down:
+                self._outages[i] += 1
+        if not was_down:
+            log.warning(
+                "%s: server %s is down (%s); its games go to their next server for %.0fs",
+                self.name,
+                safe_url(self.urls[i]),
+                exc,
+                self.down_for_s,
+            )
+
+    def _answers(self, i: int) -> bool:
+        """Whether server ``i`` answers ``GET /models`` now (up, so an error is the request's)."""
+        try:
+            with urllib.request.urlopen(
+                f"{self.urls[i]}/models", timeout=PROBE_TIMEOUT_S
+            ) as response:
+                return bool(200 <= response.status < 500)
+        except urllib.error.HTTPError as exc:
+            return exc.code < 500  # e.g. 401 without a key: it is up
+        except (OSError, ValueError):
+            return False
+
+    def close(self) -> None:
+        pool = getattr(self, "_pool", None)
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        for s in self.servers:
+            s.close()
