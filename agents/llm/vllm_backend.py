@@ -10,7 +10,9 @@ batch is still one call and ``Completion.sent`` holds the exact text the model s
 ``import vllm`` happens only when a backend is built; without it the constructor raises
 :class:`~agents.llm.base.MissingDependencyError`. On vLLM's CPU build ``gpu_memory_utilization``
 is the fraction of *host* memory to reserve; on a shared machine pass ``kv_cache_memory_bytes``
-(an engine keyword) instead.
+(an engine keyword) instead. Greedy decoding is repeatable for a given cache state; in bfloat16 on
+CPU a prompt served partly from the prefix cache can still flip a near-tie against the same prompt
+computed cold, so pass ``dtype="float32"`` where bit-for-bit repeats matter.
 """
 
 from __future__ import annotations
