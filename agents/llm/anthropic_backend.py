@@ -28,7 +28,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -107,6 +107,8 @@ class AnthropicBackend:
         if sampling not in ("omit", "send"):
             raise SpecError(f"{who}: sampling={sampling!r} must be omit or send")
         self.model = model
+        # the SDK would read ANTHROPIC_BASE_URL itself; resolve it here so describe() tells the truth
+        base_url = base_url or os.environ.get("ANTHROPIC_BASE_URL") or None
         self.base_url = base_url
         self.chat_format = check_chat_format(chat_format, allow_raw=False, backend=who)
         self.chat_instruction = chat_instruction
@@ -127,7 +129,7 @@ class AnthropicBackend:
         key = os.environ.get(api_key_env)
         if not key:
             raise BackendError(f"{self.name}: set the {api_key_env} environment variable")
-        self._secrets = (key,)
+        self._scrub = _scrubber(key)  # the key lives only in this closure and the SDK client
         anthropic = require("anthropic", "anthropic", "anthropic")
         self._client = anthropic.Anthropic(
             api_key=key, base_url=base_url, max_retries=0, timeout=self.timeout
@@ -219,7 +221,7 @@ class AnthropicBackend:
                 self.policy,
                 log=log,
                 label=f"{self.name} request {index}",
-                scrub=lambda s: scrub(s, self._secrets),
+                scrub=self._scrub,
             )
             results.append(result)
             retries += r
@@ -269,3 +271,7 @@ def _parse(message: Any) -> tuple[str, str, tuple[int, int, int]]:
     except (AttributeError, TypeError, KeyError) as exc:
         raise MalformedResponse(f"unexpected response shape: {type(exc).__name__}") from None
     return text, finish, (fresh + read + write, out, read)
+
+
+def _scrubber(key: str) -> Callable[[str], str]:
+    return lambda text: scrub(text, (key,))

@@ -169,7 +169,8 @@ def route(
             total += 1
             continue
         free = [s for s in range(len(slots)) if s not in claimed] or list(range(len(slots)))
-        best = max(free, key=lambda s, i=i: (shared[i][s], -last_used[s]))
+        row = shared[i]
+        best = max(free, key=lambda s: (row[s], -last_used[s]))
         chosen[i] = best
         claimed.add(best)
     return [chosen[i] for i in range(len(prompts))]
@@ -289,7 +290,7 @@ class LlamaCppBackend:
                 eos_token=llm._model.token_get_text(llm.token_eos()),
                 bos_token=llm._model.token_get_text(llm.token_bos()),
             )
-            out = fmt(messages=messages)
+            out = fmt(messages=messages)  # type: ignore[arg-type]
             stops = [out.stop] if isinstance(out.stop, str) else list(out.stop or [])
             return out.prompt + tail, bool(out.added_special), stops
         lines = []

@@ -29,7 +29,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -109,6 +109,8 @@ class OpenAIBackend:
         if api not in ("auto", "completions", "chat"):
             raise SpecError(f"{who}: api={api!r} must be auto, completions or chat")
         self.model = model
+        # the SDK would read OPENAI_BASE_URL itself; resolve it here so describe() tells the truth
+        base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
         self.base_url = base_url
         self.api = ("completions" if base_url else "chat") if api == "auto" else api
         self.chat_format = check_chat_format(chat_format, allow_raw=False, backend=who)
@@ -137,7 +139,7 @@ class OpenAIBackend:
                     "(or pass base_url= for a local OpenAI-compatible server)"
                 )
             key = DUMMY_KEY
-        self._secrets = (key,)
+        self._scrub = _scrubber(key)  # the key lives only in this closure and the SDK client
         openai = _import_openai()
         self._client = openai.OpenAI(
             api_key=key, base_url=base_url, max_retries=0, timeout=self.timeout
@@ -224,7 +226,7 @@ class OpenAIBackend:
             self.policy,
             log=log,
             label=f"{self.name} request {index}",
-            scrub=lambda s: scrub(s, self._secrets),
+            scrub=self._scrub,
         )
         latency = time.perf_counter() - start
         cleaned = []
@@ -279,3 +281,7 @@ def _parse(endpoint: str, response: Any) -> tuple[list[str], list[str], tuple[in
     except (AttributeError, TypeError, KeyError) as exc:
         raise MalformedResponse(f"unexpected response shape: {type(exc).__name__}") from None
     return texts, finishes, (prompt, completion, cached)
+
+
+def _scrubber(key: str) -> Callable[[str], str]:
+    return lambda text: scrub(text, (key,))
