@@ -287,6 +287,36 @@ class _Progress:
             self.bar = None
 
 
+LOGGERS = ("reflexsim", "agents", "envs")
+
+
+class _RunLog:
+    """INFO and above from the project's loggers into ``<run dir>/run.log`` while a run lasts
+    (batch sizes, retries, crashes: what the morning reader needs); the console is left alone."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.handler = logging.FileHandler(run_dir / "run.log")
+        self.handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        )
+        self.handler.setLevel(logging.INFO)
+        self.saved: list[tuple[logging.Logger, int]] = []
+
+    def __enter__(self) -> None:
+        for name in LOGGERS:
+            logger = logging.getLogger(name)
+            self.saved.append((logger, logger.level))
+            if logger.getEffectiveLevel() > logging.INFO:
+                logger.setLevel(logging.INFO)
+            logger.addHandler(self.handler)
+
+    def __exit__(self, *exc: object) -> None:
+        for logger, level in self.saved:
+            logger.removeHandler(self.handler)
+            logger.setLevel(level)
+        self.handler.close()
+
+
 def run(cfg: RunConfig, resume: str | None = None, force: bool = False) -> Path:
     """Run (or resume) an experiment; returns the run directory."""
     from envs.pool import EnvPool, EnvSpec
@@ -348,21 +378,22 @@ def run(cfg: RunConfig, resume: str | None = None, force: bool = False) -> Path:
         timeout_s=cfg.step_timeout_s,
     )
     started = time.time()
-    try:
-        rollout = Rollout(actor, pool, store, settings, on_episode_done=progress.on_episode)
-        rollout.should_stop = _Budget(cfg, store, rollout)
-        stopped = run_trials(
-            store, games.tasks, rollout, reflector, trial_settings, progress.on_trial
-        )
-    finally:
-        progress.close()
-        pool.close()
-        actor.close()
-        if reflector is not actor:
-            reflector.close()
-        wall = store.get_meta("wall_s", 0.0) + (time.time() - started)
-        store.set_meta("wall_s", wall)
-        store.close()
+    with _RunLog(run_dir):
+        try:
+            rollout = Rollout(actor, pool, store, settings, on_episode_done=progress.on_episode)
+            rollout.should_stop = _Budget(cfg, store, rollout)
+            stopped = run_trials(
+                store, games.tasks, rollout, reflector, trial_settings, progress.on_trial
+            )
+        finally:
+            progress.close()
+            pool.close()
+            actor.close()
+            if reflector is not actor:
+                reflector.close()
+            wall = store.get_meta("wall_s", 0.0) + (time.time() - started)
+            store.set_meta("wall_s", wall)
+            store.close()
     status = {"stopped": stopped} if stopped else {"complete": True}
     _write_status(run_dir, status)
     return run_dir
