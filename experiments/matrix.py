@@ -409,8 +409,6 @@ def run_matrix(
     A resumed matrix uses the preset and flags recorded in its state file (``preset`` is
     ignored); flags given now override the recorded ones.
     """
-    from experiments.runner import run
-
     if resume:
         if run_dir is None or not is_matrix_dir(run_dir):
             raise RunStoreError(f"{str(run_dir)!r} holds no matrix ({STATE_FILE} is missing)")
@@ -450,7 +448,26 @@ def run_matrix(
             )
     results: dict[str, dict[str, Any]] = state.setdefault("jobs", {})
     _write_state(root, state)
-    servers = _Servers(root)
+    from experiments.serve import stop_server_on_signals
+
+    with stop_server_on_signals():
+        _run_jobs(preset, configs, root, state, results, _Servers(root), start, force)
+    report = _report(root, preset, results, state)
+    return MatrixResult(root, results, report)
+
+
+def _run_jobs(
+    preset: Preset,
+    configs: list[tuple[Job, RunConfig]],
+    root: Path,
+    state: dict[str, Any],
+    results: dict[str, dict[str, Any]],
+    servers: _Servers,
+    start: float,
+    force: bool,
+) -> None:
+    from experiments.runner import run
+
     try:
         for job, cfg in configs:
             job_dir = Path(str(cfg.run_dir))
@@ -469,17 +486,19 @@ def run_matrix(
             record.pop("traceback", None)
             _write_state(root, state)
             _say(f"matrix {preset.name}: job {job.name} ({cfg.model}, {cfg.agent})")
-            resume = str(job_dir) if status == "unfinished" else None
+            job_resume = str(job_dir) if status == "unfinished" else None
             try:
                 if cfg.serve:
+                    from experiments.runner import select_games
                     from experiments.serve import run_served
 
+                    select_games(cfg)  # bad games fail before a long server start
                     server = servers.get(cfg, job_dir)
                     record["server_log"] = str(server.settings.log_path)
-                    run_served(cfg, resume=resume, force=force, server=server)
+                    run_served(cfg, resume=job_resume, force=force, server=server)
                 else:
                     servers.close()
-                    run(cfg, resume=resume, force=force)
+                    run(cfg, resume=job_resume, force=force)
             except KeyboardInterrupt:
                 record.update(status="interrupted", finished_at=time.time())
                 raise
@@ -502,8 +521,6 @@ def run_matrix(
     finally:
         servers.close()
         _write_state(root, state)
-    report = _report(root, preset, results, state)
-    return MatrixResult(root, results, report)
 
 
 def _report(

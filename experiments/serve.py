@@ -38,6 +38,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -495,6 +497,29 @@ def _model_ids(body: bytes) -> list[str]:
 
 
 # -- running a served config ---------------------------------------------------------------------
+@contextmanager
+def stop_server_on_signals() -> Iterator[None]:
+    """While a server runs, SIGTERM and SIGHUP raise KeyboardInterrupt, so that ``finally``
+    blocks stop it: it runs in its own session, and a killed runner would leave it holding the
+    GPU. A signal already ignored (``nohup``) stays ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    saved = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            saved[sig] = signal.signal(sig, interrupt)
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
 def run_served(
     cfg: RunConfig,
     resume: str | None = None,
@@ -512,17 +537,18 @@ def run_served(
         )
     select_games(cfg)  # a bad game selection fails now, not after a long server start
     run_dir.mkdir(parents=True, exist_ok=True)
-    own = server is None
-    if server is None:
-        server = ModelServer(serve_settings(cfg, run_dir / "server.log")).start()
-    first_event = len(server.events)
-    try:
-        served = served_config(replace(cfg, run_dir=str(run_dir)), server.settings.port)
-        return run(served, resume=resume, force=force)
-    finally:
-        if own:
-            server.stop()
-        _record(run_dir, server, first_event)
+    with stop_server_on_signals():
+        own = server is None
+        if server is None:
+            server = ModelServer(serve_settings(cfg, run_dir / "server.log")).start()
+        first_event = len(server.events)
+        try:
+            served = served_config(replace(cfg, run_dir=str(run_dir)), server.settings.port)
+            return run(served, resume=resume, force=force)
+        finally:
+            if own:
+                server.stop()
+            _record(run_dir, server, first_event)
 
 
 def _record(run_dir: Path, server: ModelServer, first_event: int) -> None:

@@ -273,3 +273,48 @@ def test_llama_cpp_server_killed_mid_run_is_restarted_and_the_run_completes(
     assert last != first and not group_alive(first) and not group_alive(last)
     assert no_process_on(port, "llama_cpp.server")
     print(f"served run with one server kill: {wall:.1f}s wall, {after} steps")
+
+
+def test_sigterm_stops_the_server_and_resume_starts_it_again(generated_games, tmp_path):
+    from experiments.store import RunStore
+
+    port = free_port()
+    run_dir = tmp_path / "run"
+    args = [
+        sys.executable, str(ROOT / "run_alfworld.py"), "--model", "vllm:fault-model", "--serve",
+        "--serve-command", stand_in(tmp_path), "--serve-port", str(port),
+        "--data", str(generated_games), "--split", SPLIT, "--games", "2", "--trials", "1",
+        "--agent", "react", "--max-steps", "30", "--concurrency", "1", "--run-dir", str(run_dir),
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while _steps(run_dir) < 3 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert proc.poll() is None, "the run ended before the signal"
+        server = json.loads((run_dir / "server.pid").read_text())["pid"]
+        proc.send_signal(signal.SIGTERM)  # a scheduler or a closed terminal stops the runner
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err[-3000:]
+    assert not group_alive(server) and no_process_on(port, "stand_in.py")
+
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "run_alfworld.py"), "--resume", str(run_dir)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    store = RunStore(run_dir, readonly=True)
+    try:
+        assert store.get_meta("status") == {"complete": True}
+        assert {e.status for e in store.episodes()} == {"done"} and len(store.episodes()) == 2
+    finally:
+        store.close()
+    log = (run_dir / "server.log").read_text()
+    assert log.count("[reflexsim serve] starting") == 2 and log.count("stopped restarts=0") == 2
+    assert no_process_on(port, "stand_in.py")
