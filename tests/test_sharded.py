@@ -178,3 +178,21 @@ def test_a_run_through_the_runner_is_sharded_by_game(servers, generated_games, t
     cfg = RunConfig(**{**cfg.to_dict(), "run_dir": str(tmp_path / "one-down")})
     per_game = served_by(run(cfg))
     assert all(names == {"A"} for names in per_game.values()), per_game
+
+
+def test_a_request_error_on_a_live_server_is_raised_not_failed_over():
+    from agents.llm.base import BackendError
+    from tests.fault_server import FaultServer
+
+    # server A rejects our key (401, not retryable) but answers the probe: the request is at fault
+    with FaultServer(api_key="sk-other-key-0123456789") as a, FaultServer() as b:
+        backend = make_backend("openai:test", base_url=f"{a.url},{b.url}", max_retries=1)
+        try:
+            urls = [a.url, b.url]
+            on_a = [g for g in GAMES if ranking(f"game:{g}", urls)[0] == 0]
+            with pytest.raises(BackendError, match="401"):
+                backend.generate(batch(on_a[:1], 0))
+            assert b.events == [] and backend.stats()["down"] == []
+            assert backend.stats()["failed_over"] == {a.url: 0, b.url: 0}
+        finally:
+            backend.close()

@@ -9,20 +9,19 @@ resumed run sends each game where it went before. Requests without a game are ro
 prompt text.
 
 Each server's share of a batch is sent concurrently with the others' (and within a share, up to
-that server's ``concurrency`` at a time). When a request fails on a server, the server is probed
-(``GET <url>/models``); if it does not answer it is marked down for ``down_for_s`` seconds and
-the request, and every later one routed there, goes to the game's next server in rendezvous
-order (the same one for all of that game's steps, so its cache warms up again). A failover is
-logged on ``agents.llm.sharded``, counted in :meth:`ShardedBackend.stats`, added to the
-completion's ``retries`` (so the run store records it as a retry) and noted in
-``Completion.sent`` (``server``, ``failed_over_from``). A request that fails on a server that
-still answers (a bad request) is not failed over: the error is raised as it is. When no server
-is left, :class:`~agents.llm.base.BackendError` is raised and the runner records the episodes
-as errored (``--resume`` plays them again).
-
-Per-server retries default to 2 (``max_retries=``), so that a dead server is left after a few
-seconds instead of after the single-server backoff of minutes. Every other option is passed to
-each server's OpenAIBackend.
+that server's ``concurrency`` at a time). A request's first attempt on a server is made without
+retries; when it fails, the server is probed (``GET <url>/models``). If the server does not
+answer, it is marked down for ``down_for_s`` seconds and the request, and every later one routed
+there, goes to the game's next server in rendezvous order (the same one for all of that game's
+steps, so its cache warms up again): a dead server is left after one failed attempt, not after
+minutes of backoff. If it answers, the request is retried on that server with the usual policy
+(``max_retries``, backoff, Retry-After, as the OpenAI backend does), and an error that persists
+is the request's own: raised as it is, never failed over. A failover is logged on
+``agents.llm.sharded``, counted in :meth:`ShardedBackend.stats`, added to the completion's
+``retries`` (so the run store records it as a retry) and noted in ``Completion.sent``
+(``server``, ``failed_over_from``). When no server is left,
+:class:`~agents.llm.base.BackendError` is raised and the runner records the episodes as errored
+(``--resume`` plays them again). Every other option is passed to each server's OpenAIBackend.
 """
 
 from __future__ import annotations
@@ -45,7 +44,6 @@ from agents.llm.retry import concurrent_map
 
 log = logging.getLogger("agents.llm.sharded")
 
-DEFAULT_SERVER_RETRIES = 2
 PROBE_TIMEOUT_S = 3.0
 
 
@@ -113,17 +111,19 @@ class ShardedBackend:
             raise SpecError(f"sharded: option down_for_s={down_for_s!r} must be a number") from None
         from agents.llm.openai_backend import OpenAIBackend
 
-        server_options.setdefault("max_retries", DEFAULT_SERVER_RETRIES)
         self.model = model
         self.urls = urls
         self.name = name or f"openai:{model}"
+        # per server: a first attempt without retries, and the patient retries once it answers
         self.servers: list[OpenAIBackend] = []
+        self._patient: list[OpenAIBackend] = []
+        once = {**server_options, "max_retries": 0}
         try:
             for url in urls:
-                self.servers.append(
-                    OpenAIBackend(
-                        model, base_url=url, name=f"{self.name}@{safe_url(url)}", **server_options
-                    )
+                label = f"{self.name}@{safe_url(url)}"
+                self.servers.append(OpenAIBackend(model, base_url=url, name=label, **once))
+                self._patient.append(
+                    OpenAIBackend(model, base_url=url, name=label, **server_options)
                 )
         except BaseException:
             self.close()
@@ -144,7 +144,7 @@ class ShardedBackend:
             "model": self.model,
             "routing": "rendezvous sha256(url, side['game'])",
             "down_for_s": self.down_for_s,
-            "servers": [s.describe() for s in self.servers],
+            "servers": [s.describe() for s in self._patient],
         }
 
     def stats(self) -> dict[str, Any]:
@@ -205,11 +205,12 @@ class ShardedBackend:
         except BackendError:
             if not self._answers(i):
                 raise
-        # it answers: try once more, and an error now is the request's own (not a failover)
+        # it answers: retry there as a single server would; an error now is the request's own
         try:
-            return self.servers[i].generate([request])[0]
+            c = self._patient[i].generate([request])[0]
         except BackendError as exc:
             raise _RequestError(str(exc)) from None
+        return dataclasses.replace(c, retries=c.retries + 1)
 
     def _noted(self, c: Completion, i: int, preferred: int, failures: int) -> Completion:
         sent = dict(c.sent) if isinstance(c.sent, dict) else {"sent": c.sent}
@@ -253,5 +254,5 @@ class ShardedBackend:
         pool = getattr(self, "_pool", None)
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
-        for s in self.servers:
+        for s in (*self.servers, *getattr(self, "_patient", ())):
             s.close()
