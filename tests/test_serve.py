@@ -318,3 +318,42 @@ def test_sigterm_stops_the_server_and_resume_starts_it_again(generated_games, tm
     log = (run_dir / "server.log").read_text()
     assert log.count("[reflexsim serve] starting") == 2 and log.count("stopped restarts=0") == 2
     assert no_process_on(port, "stand_in.py")
+
+
+def test_a_matrix_shares_one_server_between_jobs_of_the_same_model(generated_games, tmp_path):
+    port = free_port()
+    preset = tmp_path / "served.yaml"
+    preset.write_text(
+        json.dumps(
+            {
+                "base": {
+                    "model": "vllm:fault-model",
+                    "serve": True,
+                    "serve_port": port,
+                    "serve_command": stand_in(tmp_path),
+                    "data": str(generated_games),
+                    "split": SPLIT,
+                    "games": 1,
+                    "trials": 1,
+                    "max_steps": 3,
+                },
+                "jobs": [{"name": "react", "agent": "react"}, {"name": "reflexion"}],
+            }
+        )  # fmt: skip
+    )
+    run_dir = tmp_path / "m"
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "run_alfworld.py"), "--config", str(preset), "--run-dir", str(run_dir)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    state = json.loads((run_dir / "matrix.json").read_text())
+    assert {j["status"] for j in state["jobs"].values()} == {"complete"}
+    assert {j["server_log"] for j in state["jobs"].values()} == {
+        str(run_dir / "react" / "server.log")
+    }
+    log = (run_dir / "react" / "server.log").read_text()
+    assert log.count("[reflexsim serve] starting") == 1 and log.count("stopped restarts=0") == 1
+    assert not (run_dir / "reflexion" / "server.log").exists()
+    pid = json.loads((run_dir / "server.pid").read_text())["pid"]
+    assert not group_alive(pid) and no_process_on(port, "stand_in.py")
