@@ -228,6 +228,7 @@ def run_trials(
             return stopped
         if settings.evaluator == "llm":
             judge(store, reflector, trial, settings)
-        reflect(store, reflector, trial, settings)
+        if trial < settings.trials - 1:  # a reflection after the last trial would never be read
+            reflect(store, reflector, trial, settings)
         store.finish_trial(trial)
     return None
