@@ -107,6 +107,9 @@ def test_dry_run_of_every_preset_needs_neither_models_nor_data(tmp_path, monkeyp
             assert "generated on first run" in plan["jobs"][0]["games_note"]
         if name == "textworld":
             assert "TextWorld games generated on first run" in plan["jobs"][0]["games_note"]
+    # a preset's path works as well as its name
+    assert main(["run", "--config", str(matrix.preset_dir() / "explore.yaml"), "--dry-run"]) == 0
+    assert json.loads(capsys.readouterr().out)["preset"] == "explore"
     assert not (tmp_path / "games").exists()  # nothing was generated
     assert "vllm" not in sys.modules
 
