@@ -104,9 +104,10 @@ def _textworld_games(cfg: RunConfig) -> GameSet:
     if game_dir is None:
         from envs.twgen import generate_textworld_games
 
-        root = DEFAULT_GAMES / f"textworld-seed{cfg.seed}"
+        n = max(cfg.games or 3, 1)
+        root = DEFAULT_GAMES / f"textworld-seed{cfg.seed}-n{n}"
         if not (root / ".complete").is_file():
-            generate_textworld_games(root, n=max(cfg.games or 3, 1), seed=cfg.seed)
+            generate_textworld_games(root, n=n, seed=cfg.seed)
             (root / ".complete").write_text("ok\n")
         game_dir = str(root)
     found = discover_textworld_games(Path(game_dir))
