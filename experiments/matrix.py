@@ -224,14 +224,14 @@ def default_matrix_dir(preset: Preset) -> Path:
 # -- plans ---------------------------------------------------------------------------------------
 def plan_job(cfg: RunConfig, needs_data: bool = False) -> dict[str, Any]:
     """``runner.plan`` when the games are there; otherwise a plan that says what is missing."""
-    from experiments.runner import plan
+    from experiments.runner import estimated_plan, plan
 
     missing = _games_not_present(cfg, needs_data)
     if missing is None:
         out = plan(cfg)
     else:
         n, note = missing
-        out = _estimated_plan(cfg, n)
+        out = estimated_plan(cfg, n)
         out["games_note"] = note
     if cfg.serve:
         from experiments.serve import DEFAULT_COMMAND, HOST, served_model, server_argv
@@ -250,13 +250,10 @@ def plan_job(cfg: RunConfig, needs_data: bool = False) -> dict[str, Any]:
 def _games_not_present(cfg: RunConfig, needs_data: bool) -> tuple[int, str] | None:
     """(games, note) when a plan cannot list the games without making or finding them."""
     from envs.discovery import SPLITS, TASK_TYPES
-    from experiments.runner import DEFAULT_GAMES
+    from experiments.runner import generated_games_dir, textworld_cache_dir
 
     if cfg.env == "textworld":
-        if (
-            cfg.data is not None
-            or (DEFAULT_GAMES / f"textworld-seed{cfg.seed}/.complete").is_file()
-        ):
+        if cfg.data is not None or (textworld_cache_dir(cfg) / ".complete").is_file():
             return None
         n = len(cfg.game_ids) or max(cfg.games or 3, 1)
         return n, f"{n} TextWorld games generated on first run (seed {cfg.seed}; not made yet)"
@@ -268,7 +265,7 @@ def _games_not_present(cfg: RunConfig, needs_data: bool) -> tuple[int, str] | No
         return n, (
             f"{n} games of {cfg.split} (data not present: set $ALFWORLD_DATA or pass --data DIR)"
         )
-    root = DEFAULT_GAMES / f"seed{cfg.seed}-n{cfg.generate_per_type}"
+    root = generated_games_dir(cfg)
     if (root / SPLITS.get(cfg.split, cfg.split) / ".complete").is_file():
         return None
     made = len(set(TASK_TYPES.values())) * cfg.generate_per_type
@@ -279,27 +276,6 @@ def _games_not_present(cfg: RunConfig, needs_data: bool) -> tuple[int, str] | No
         f"{n} of the {made} games of {cfg.split} generated on first run "
         f"({cfg.generate_per_type} per task type, seed {cfg.seed}) into {root}"
     )
-
-
-def _estimated_plan(cfg: RunConfig, n: int) -> dict[str, Any]:
-    reflections = 0 if cfg.agent == "react" else n * (cfg.trials - 1)
-    return {
-        "model": cfg.model,
-        "reflect_model": cfg.reflector_model,
-        "arm": cfg.agent,
-        "evaluator": cfg.evaluator,
-        "env": cfg.env,
-        "games": n,
-        "trials": cfg.trials,
-        "max_steps": cfg.max_steps,
-        "memory_size": cfg.memory_size,
-        "estimated_requests": {
-            "actor_steps_at_most": n * cfg.trials * cfg.max_steps,
-            "reflections_at_most": reflections,
-            "judge_calls_at_most": n * cfg.trials if cfg.evaluator == "llm" else 0,
-        },
-        "config": cfg.to_dict(),
-    }
 
 
 def plan_matrix(

@@ -80,12 +80,17 @@ def select_games(cfg: RunConfig) -> GameSet:
     return GameSet("alfworld", kwargs, tasks, {r.game_id: r.path for r in records})
 
 
+def generated_games_dir(cfg: RunConfig) -> Path:
+    """Where the default generated ALFWorld games for this config are kept."""
+    return DEFAULT_GAMES / f"seed{cfg.seed}-n{cfg.generate_per_type}"
+
+
 def _generated_default(cfg: RunConfig) -> Path:
     """Games made on first use when no ALFWorld data is given (contamination-free)."""
     from envs.alfgen import generate
     from envs.discovery import SPLITS
 
-    root = DEFAULT_GAMES / f"seed{cfg.seed}-n{cfg.generate_per_type}"
+    root = generated_games_dir(cfg)
     marker = root / SPLITS[cfg.split] / ".complete"
     if not marker.is_file():
         print(
@@ -97,6 +102,11 @@ def _generated_default(cfg: RunConfig) -> Path:
     return root
 
 
+def textworld_cache_dir(cfg: RunConfig) -> Path:
+    """Where generated TextWorld games for this config are kept (made on first use)."""
+    return DEFAULT_GAMES / f"textworld-seed{cfg.seed}-n{max(cfg.games or 3, 1)}"
+
+
 def _textworld_games(cfg: RunConfig) -> GameSet:
     from envs.textworld_env import discover_textworld_games
 
@@ -104,8 +114,8 @@ def _textworld_games(cfg: RunConfig) -> GameSet:
     if game_dir is None:
         from envs.twgen import generate_textworld_games
 
-        n = max(cfg.games or 3, 1)
-        root = DEFAULT_GAMES / f"textworld-seed{cfg.seed}-n{n}"
+        root = textworld_cache_dir(cfg)
+        n = int(root.name.rsplit("-n", 1)[1])
         if not (root / ".complete").is_file():
             generate_textworld_games(root, n=n, seed=cfg.seed)
             (root / ".complete").write_text("ok\n")
@@ -416,17 +426,26 @@ def plan(cfg: RunConfig) -> dict[str, Any]:
     by_type: dict[str, int] = {}
     for t in games.tasks:
         by_type[t.task_type] = by_type.get(t.task_type, 0) + 1
-    n = len(games.tasks)
+    return estimated_plan(
+        cfg,
+        len(games.tasks),
+        env=games.env_kind,
+        games_by_type=by_type,
+        first_games=[t.game for t in games.tasks[:5]],
+    )
+
+
+def estimated_plan(cfg: RunConfig, n: int, **games: Any) -> dict[str, Any]:
+    """The plan of a run over ``n`` games (``games``: what is known about them)."""
     reflections = 0 if cfg.agent == "react" else n * (cfg.trials - 1)
     return {
         "model": cfg.model,
         "reflect_model": cfg.reflector_model,
         "arm": cfg.agent,
         "evaluator": cfg.evaluator,
-        "env": games.env_kind,
+        "env": cfg.env,
         "games": n,
-        "games_by_type": by_type,
-        "first_games": [t.game for t in games.tasks[:5]],
+        **games,
         "trials": cfg.trials,
         "max_steps": cfg.max_steps,
         "memory_size": cfg.memory_size,
