@@ -26,7 +26,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from envs.discovery import SPLITS, TASK_TYPES  # noqa: E402
+from envs.discovery import SPLITS, normalize_task_types  # noqa: E402
 
 SHARED_DATA = ROOT.parent / "shared" / "alfworld_data"
 REAL_SPLIT = "eval_in_distribution"
@@ -56,17 +56,18 @@ def bench_type(
     from envs.alfgen.generator import GameMaker, write_game
     from envs.alfworld_env import ALFWorldEnv
 
-    gen_s, attempts, lengths, ids = [], [], [], []
+    gen_s, gen_cpu, attempts, lengths, ids = [], [], [], [], []
     with GameMaker(split) as maker:
         # Imports and the planner's grammar parse are paid once per process, not per game.
         import textworld  # noqa: F401
 
         maker.planner()
         for index in range(per_type):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             files = maker.make(task_type, seed, index)
             write_game(Path(root), files)
             gen_s.append(time.perf_counter() - t0)
+            gen_cpu.append(time.process_time() - c0)
             attempts.append(files.attempt + 1)
             lengths.append(len(files.walkthrough))
             ids.append(files.game_id)
@@ -77,6 +78,7 @@ def bench_type(
     return {
         "task_type": task_type,
         "gen_s": gen_s,
+        "gen_cpu": gen_cpu,
         "attempts": attempts,
         "lengths": lengths,
         "walk": walk,
@@ -133,12 +135,13 @@ def main() -> int:
         "--real", type=int, default=3, help="real games per type for the random agent (0: none)"
     )
     ap.add_argument("--split", default="train")
+    ap.add_argument("--task-types", nargs="+", default=None, help="subset, e.g. put clean")
     ap.add_argument("--out", default=None, help="keep the games here (default: a temp dir)")
     args = ap.parse_args()
 
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="bench_alfgen_"))
     data = real_data() if args.real > 0 else None
-    types = list(TASK_TYPES)
+    types = normalize_task_types(args.task_types)
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         gen_jobs = [
@@ -164,12 +167,17 @@ def main() -> int:
         print(
             f"real games: {args.real} per type from {data / SPLITS[REAL_SPLIT]}, evenly spaced by id"
         )
-    head = f"{'task type':32} {'gen s/game med':>14} {'max':>6} {'draws':>5} {'walkthrough won':>16} {'random won (gen)':>17} {'random won (real)':>18} {'walk len min/med/max':>21} {'real med':>8}"
-    print(head)
+    print(
+        f"{'task type':31} {'games':>5} {'gen wall s med/max':>18} {'gen cpu s med/max':>17}"
+        f" {'draws':>5} {'walkthrough won':>16} {'random won (gen)':>17} {'random won (real)':>17}"
+        f" {'walk len min/med/max':>20} {'(real med)':>10}"
+    )
     all_walk: list[bool] = []
     all_rand: list[bool] = []
     all_real: list[bool] = []
     all_gen: list[float] = []
+    all_cpu: list[float] = []
+    med = statistics.median
     for r in results:
         real = reals.get(r["task_type"], {"random": [], "lengths": []})
         lengths = r["lengths"]
@@ -177,16 +185,19 @@ def main() -> int:
         all_rand += r["random"]
         all_real += real["random"]
         all_gen += r["gen_s"]
-        real_len = f"{statistics.median(real['lengths']):.0f}" if real["lengths"] else "-"
+        all_cpu += r["gen_cpu"]
+        real_len = f"{med(real['lengths']):.0f}" if real["lengths"] else "-"
+        walk_len = f"{min(lengths)}/{med(lengths):.0f}/{max(lengths)}"
         print(
-            f"{r['task_type']:32} {statistics.median(r['gen_s']):14.2f} {max(r['gen_s']):6.2f}"
-            f" {statistics.mean(r['attempts']):5.2f} {pct(r['walk']):>16} {pct(r['random']):>17}"
-            f" {pct(real['random']):>18} {min(lengths):>7}/{statistics.median(lengths):.0f}/{max(lengths):<3}"
-            f"       {real_len:>8}"
+            f"{r['task_type']:31} {len(lengths):5d} {med(r['gen_s']):10.2f}/{max(r['gen_s']):<7.2f}"
+            f" {med(r['gen_cpu']):9.2f}/{max(r['gen_cpu']):<7.2f} {statistics.mean(r['attempts']):5.2f}"
+            f" {pct(r['walk']):>16} {pct(r['random']):>17} {pct(real['random']):>17}"
+            f" {walk_len:>20} {real_len:>10}"
         )
     print(
-        f"{'overall':32} {statistics.median(all_gen):14.2f} {max(all_gen):6.2f} {'':5}"
-        f" {pct(all_walk):>16} {pct(all_rand):>17} {pct(all_real):>18}"
+        f"{'overall':31} {len(all_walk):5d} {med(all_gen):10.2f}/{max(all_gen):<7.2f}"
+        f" {med(all_cpu):9.2f}/{max(all_cpu):<7.2f} {'':5}"
+        f" {pct(all_walk):>16} {pct(all_rand):>17} {pct(all_real):>17}"
     )
     rate = sum(all_rand) / len(all_rand)
     print(f"walkthrough win rate {100.0 * sum(all_walk) / len(all_walk):.1f}% (must be 100%)")
@@ -196,7 +207,8 @@ def main() -> int:
         print(
             f"random-agent win rate on real games {100.0 * real_rate:.1f}% (same agent, same run)"
         )
-    print(f"wall time {wall:.0f}s with {args.workers} worker(s)")
+    load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
+    print(f"wall time {wall:.0f}s with {args.workers} worker(s); load average at the end {load}")
     return 0 if all(all_walk) and rate < 0.2 else 1
 
 

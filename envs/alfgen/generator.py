@@ -123,6 +123,8 @@ class GameMaker:
     """Samples, plans and verifies games; holds one planner (grammar parsed once) per run."""
 
     def __init__(self, split: str) -> None:
+        if split not in SPLITS:
+            raise EnvError(f"unknown split {split!r}: use one of {', '.join(SPLITS)}")
         self.split = split
         self._planner: _Planner | None = None
         self._stage: tempfile.TemporaryDirectory[str] | None = None
