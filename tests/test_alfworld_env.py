@@ -165,6 +165,23 @@ def test_seed_picks_a_game_deterministically(data: Path, small_games: list[str])
     assert env.reset(seed=first)[1]["game"] == seen[first]
 
 
+def test_memory_stays_flat_across_games(data: Path, small_games: list[str]) -> None:
+    """TextWorld interns every Proposition it builds; the env drops them on each load."""
+    core = pytest.importorskip("mementos.core")
+    env = make(data, small_games)
+
+    def interned() -> int:
+        return sum(
+            1 for k in core._memento_cache if k and getattr(k[0], "__name__", "") == "Proposition"
+        )
+
+    env.reset(options={"game": small_games[0]})
+    first = interned()
+    for game_id in [*small_games[1:], small_games[0]]:
+        env.reset(options={"game": game_id})
+    assert interned() <= 1.5 * first
+
+
 # -- 4. bad input: one clear line, our own exception types ----------------------------------
 def one_line(exc: pytest.ExceptionInfo[BaseException]) -> str:
     message = str(exc.value)
