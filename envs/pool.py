@@ -432,21 +432,21 @@ class EnvPool(_PoolAPI):
         resolve_kind(spec.kind)  # fail here, not in every worker
         pickle.dumps(spec)
         self.spec = spec
-        self.workers = workers
+        self.workers = min(workers, slots)  # a worker without a slot would only idle
         self.slots = slots
         self.timeout_s = float(timeout_s)
         self.restarts = 0
         self._ctx = multiprocessing.get_context(start_method)
         self._episodes = _Episodes(slots)
         # per worker: calls waiting for it to finish its batch, and the batch it is working on
-        self._outbox: list[deque[tuple[int, Call]]] = [deque() for _ in range(workers)]
-        self._sent: list[deque[tuple[int, Call]]] = [deque() for _ in range(workers)]
-        self._progress = [0.0] * workers
+        self._outbox: list[deque[tuple[int, Call]]] = [deque() for _ in range(self.workers)]
+        self._sent: list[deque[tuple[int, Call]]] = [deque() for _ in range(self.workers)]
+        self._progress = [0.0] * self.workers
         self._ready: dict[int, Outcome] = {}  # answered, not yet handed back
         self._busy: set[int] = set()  # submitted, not yet handed back
         self._workers: list[_Worker] = []
         self._closed = False
-        self._workers = [_Worker(self._ctx, spec, i) for i in range(workers)]
+        self._workers = [_Worker(self._ctx, spec, i) for i in range(self.workers)]
 
     # -- public --------------------------------------------------------------------------
     def worker_of(self, slot: int) -> int:

@@ -306,6 +306,8 @@ def test_bad_pool_arguments() -> None:
         EnvPool(SLEEPY, workers=1, start_method="fork")  # type: ignore[arg-type]
     with pytest.raises(EnvError, match="replay"):
         Reset("a", replay="look")  # type: ignore[arg-type]
+    with EnvPool(SLEEPY, workers=4, slots=2) as few:
+        assert few.workers == 2  # no idle workers
     sync = SyncEnvPool(SLEEPY, slots=2)
     assert isinstance(sync.step_many({1: "wave"})[1], EnvError)  # no episode yet
     assert sync.reset(1, "a").observation == "awake"
