@@ -15,7 +15,7 @@ import gymnasium as gym
 
 from envs.discovery import TASK_TYPES, GameRecord, discover_games
 from envs.errors import EnvError, GameFileError
-from envs.spaces import MAX_ACTION, MAX_OBSERVATION, printable, text_space
+from envs.spaces import MAX_ACTION, MAX_OBSERVATION, pick_game, printable, text_space
 
 BANNER = "-= Welcome to TextWorld, ALFRED! =-"
 TASK_PREFIX = "Your task is to: "
@@ -173,13 +173,7 @@ class ALFWorldEnv(gym.Env[str, str]):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
-        game_id = (options or {}).get("game")
-        if game_id is None:
-            game_id = self.game_ids[int(self.np_random.integers(len(self.game_ids)))]
-        if game_id not in self._records:
-            raise EnvError(
-                f"unknown game id {game_id!r}: env.game_ids lists the {len(self.game_ids)} games of this env"
-            )
+        game_id = pick_game(options, self.game_ids, self.np_random)
         record = self._records[game_id]
         if self._engine is None:
             self._engine = _make_engine()

@@ -16,7 +16,7 @@ from typing import Any
 import gymnasium as gym
 
 from envs.errors import EnvError, GameFileError
-from envs.spaces import MAX_ACTION, MAX_OBSERVATION, printable, text_space
+from envs.spaces import MAX_ACTION, MAX_OBSERVATION, pick_game, printable, text_space
 
 TASK_TYPE = "textworld"
 Z_EXTENSIONS = frozenset(f".z{v}" for v in range(1, 9))
@@ -214,13 +214,7 @@ class TextWorldEnv(gym.Env[str, str]):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
-        game_id = (options or {}).get("game")
-        if game_id is None:
-            game_id = self.game_ids[int(self.np_random.integers(len(self.game_ids)))]
-        if game_id not in self._paths:
-            raise EnvError(
-                f"unknown game id {game_id!r}: env.game_ids lists the {len(self.game_ids)} games of this env"
-            )
+        game_id = pick_game(options, self.game_ids, self.np_random)
         path = self._paths[game_id]
         if self._loaded != game_id:
             self._load(game_id, path)
