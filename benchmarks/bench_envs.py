@@ -6,7 +6,8 @@ Prints, as medians of repeats measured side by side in one run:
   (b) load+reset time of ALFWorldEnv vs raw load+reset (ALFWorldEnv translates once, raw twice);
   (c) RSS of one env (alone in a worker process) after 10, 70, 140 games (goal: <= 200 MB, flat);
   (d) wall time of EnvPool with 2 workers vs one env, playing the same walkthroughs
-      (goal: >= 1.8x on 2 free cores; the machine's load average is printed alongside).
+      (goal: >= 1.8x on 2 free cores; the load average and the CPU cores each side actually
+      got are printed alongside, since a busy shared machine caps the speedup).
 
     python benchmarks/bench_envs.py [--data DIR] [--games N] [--repeats R]
 """
@@ -164,27 +165,54 @@ def play_pool(pool: EnvPool, game_ids: list[str]) -> float:
     return time.perf_counter() - began
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def bench_pool(data: Path, game_ids: list[str], workers: int, repeats: int) -> None:
+    """Also reports the CPU cores each side got (CPU seconds / wall seconds): on a shared
+    machine with autogroup scheduling a session gets its share however many processes it runs,
+    which caps the speedup below the number of workers."""
     spec = EnvSpec("alfworld", {"data_dir": data, "split": SPLIT})
     env = ALFWorldEnv(**spec.kwargs)
-    seq, par, ratio = [], [], []
+    seq, par, ratio, seq_cores, par_cores = [], [], [], [], []
     with EnvPool(spec, workers=workers, timeout_s=300) as pool:
         # warm up: the workers import TextWorld once; not part of either timing
         pool.reset_many({slot: Reset(game_ids[-1 - slot]) for slot in range(workers)})
         env.reset(options={"game": game_ids[-1]})
+        pids = [pool.pid(slot) or 0 for slot in range(workers)]
+
+        def sequential() -> float:
+            cpu = os.times()
+            wall = play_sequential(env, game_ids)
+            now = os.times()
+            seq_cores.append((now.user + now.system - cpu.user - cpu.system) / wall)
+            return wall
+
+        def pooled() -> float:
+            cpu = sum(cpu_s(pid) for pid in pids)
+            wall = play_pool(pool, game_ids)
+            par_cores.append((sum(cpu_s(pid) for pid in pids) - cpu) / wall)
+            return wall
+
         for rep in range(repeats):
             if rep % 2 == 0:
-                s, p = play_sequential(env, game_ids), play_pool(pool, game_ids)
+                s, p = sequential(), pooled()
             else:
-                p, s = play_pool(pool, game_ids), play_sequential(env, game_ids)
+                p, s = pooled(), sequential()
             seq.append(s)
             par.append(p)
             ratio.append(s / p)
+        assert pool.restarts == 0
     med = statistics.median
     print(
         f"(d) {len(game_ids)} walkthroughs: one env {med(seq):.1f} s, EnvPool({workers} workers) "
         f"{med(par):.1f} s; speedup {med(ratio):.2f}x (goal >= 1.8x on 2 free cores); "
-        f"ratios {', '.join(f'{r:.2f}' for r in ratio)}"
+        f"ratios {', '.join(f'{r:.2f}' for r in ratio)}; cores used: one env "
+        f"{med(seq_cores):.2f}, pool {med(par_cores):.2f}"
     )
 
 
