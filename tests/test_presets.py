@@ -179,7 +179,7 @@ def test_textworld_matrix_runs_on_generated_games(tmp_path):
     assert {j["status"] for j in state["jobs"].values()} == {"complete"}
     summary = json.loads((run_dir / "report" / "comparison.json").read_text())["runs"]
     assert [row["total_tasks"] for row in summary] == [2, 2]
-    assert (tmp_path / ".cache" / "reflexsim" / "games" / "textworld-seed0").is_dir()
+    assert (tmp_path / ".cache" / "reflexsim" / "games" / "textworld-seed0-n2").is_dir()
 
 
 def test_a_failed_job_is_recorded_the_matrix_goes_on_and_resume_finishes_it(
