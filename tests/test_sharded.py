@@ -124,9 +124,12 @@ def test_failover_when_a_server_stops_and_back_when_it_returns(servers):
         assert [c.text.strip() for c in out] == ["A"] * len(GAMES)  # nothing lost
         for g, c in zip(GAMES, out, strict=True):
             if on[g] == "B":
-                assert c.sent["failed_over_from"] == b.url and c.retries >= 1
+                assert c.sent["failed_over_from"] == b.url
             else:
                 assert "failed_over_from" not in c.sent and c.retries == 0
+        # the first requests to reach B fail and count a retry; requests that start after B was
+        # marked down go straight to A (concurrent shares), with nothing to retry
+        assert sum(c.retries for g, c in zip(GAMES, out, strict=True) if on[g] == "B") >= 1
         stats = backend.stats()
         assert stats["failed_over"][b.url] == len(on_b)
         assert stats["outages"][b.url] == 1 and stats["down"] == [b.url]
