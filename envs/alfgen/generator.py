@@ -1,9 +1,10 @@
 """``generate()``: new ALFWorld games, each planned, replayed to a win, then written.
 
 Per game: a ``random.Random`` stream derived from (seed, task type, index, attempt) picks a room
-and samples a task; fast-downward (TextWorld's ``PddlState.replan``) plans it; the plan, as
-ALFWorld 0.4 commands, is played through :class:`envs.alfworld_env.ALFWorldEnv` on the finished
-files and must end in ``won``. A draw that fails any step is replaced by the next attempt's draw.
+and samples a task; fast-downward (TextWorld's ``PddlState.replan``) plans it on the goal's
+projection of the problem (see :func:`envs.alfgen.pddl.render_problem`: seconds instead of up to a
+minute per kitchen); the plan, as ALFWorld 0.4 commands, is played through
+:class:`envs.alfworld_env.ALFWorldEnv` on the finished, full game files and must end in ``won``. A draw that fails any step is replaced by the next attempt's draw.
 Files carry no timestamps and every collection is iterated sorted, so a seed always writes the
 same bytes; game ``i`` of a type does not depend on ``per_type``.
 """
