@@ -55,7 +55,15 @@ def _forget_propositions() -> None:
 def _make_engine() -> Any:
     """A TextWorld PddlEnv that names entities as ALFWorld does and translates once per reset."""
     import textworld
-    from alfworld.agents.utils.misc import Demangler
+
+    # importing alfworld sets $ALFWORLD_DATA (to ~/.cache/alfworld) when it is unset, which would
+    # silently change where later envs and runs look for games: undo that
+    saved = os.environ.get("ALFWORLD_DATA")
+    try:
+        from alfworld.agents.utils.misc import Demangler
+    finally:
+        if saved is None:
+            os.environ.pop("ALFWORLD_DATA", None)
     from textworld.core import GameState
     from textworld.envs.pddl import PddlEnv
     from textworld.envs.pddl import logic as pddl_logic
