@@ -24,11 +24,10 @@ reads.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -36,13 +35,13 @@ from agents.llm.base import BackendError, Completion, Request, SpecError
 from agents.llm.common import (
     CONTINUE_INSTRUCTION,
     check_chat_format,
+    key_scrubber,
     messages_as_dicts,
     opt_float,
     opt_int,
     prompt_as_messages,
     require,
     safe_url,
-    scrub,
     truncate_at_stop,
 )
 from agents.llm.retry import (
@@ -50,8 +49,8 @@ from agents.llm.retry import (
     Retryable,
     RetryPolicy,
     call_with_retries,
+    classify_sdk_error,
     concurrent_map,
-    parse_retry_after,
 )
 
 log = logging.getLogger("agents.llm.anthropic")
@@ -60,22 +59,10 @@ _FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length"}
 
 
 def classify_anthropic_error(exc: BaseException) -> Retryable | None:
+    """Retryable for timeouts, dropped connections, 408/409/429/5xx and malformed JSON."""
     import anthropic
 
-    if isinstance(exc, anthropic.APITimeoutError):
-        return Retryable("timeout")
-    if isinstance(exc, anthropic.APIConnectionError):
-        cause = exc.__cause__ or exc.__context__
-        return Retryable(f"connection error ({type(cause).__name__ if cause else 'closed'})")
-    if isinstance(exc, anthropic.APIStatusError):
-        status = exc.status_code
-        if status in (408, 409, 429) or status >= 500:
-            headers = dict(exc.response.headers) if exc.response is not None else {}
-            return Retryable(f"HTTP {status}", parse_retry_after(headers))
-        return None
-    if isinstance(exc, MalformedResponse | json.JSONDecodeError | UnicodeDecodeError):
-        return Retryable(f"malformed response ({type(exc).__name__})")
-    return None
+    return classify_sdk_error(anthropic, exc)
 
 
 class AnthropicBackend:
@@ -116,12 +103,13 @@ class AnthropicBackend:
         self.thinking = dict(thinking) if thinking else None
         self.concurrency = opt_int(who, "concurrency", concurrency, 1)
         self.timeout = opt_float(who, "timeout", timeout, 0.001)
-        self.policy = RetryPolicy(
-            max_retries=opt_int(who, "max_retries", max_retries, 0),
-            backoff_base=opt_float(who, "backoff_base", backoff_base, 0.0),
-            backoff_max=opt_float(who, "backoff_max", backoff_max, 0.0),
-            jitter=opt_float(who, "jitter", jitter, 0.0),
-            max_retry_after=opt_float(who, "max_retry_after", max_retry_after, 0.0),
+        self.policy = RetryPolicy.from_options(
+            who,
+            max_retries=max_retries,
+            backoff_base=backoff_base,
+            backoff_max=backoff_max,
+            jitter=jitter,
+            max_retry_after=max_retry_after,
         )
         self.extra_body = dict(extra_body or {})
         self.name = name or f"anthropic:{model}"
@@ -129,7 +117,7 @@ class AnthropicBackend:
         key = os.environ.get(api_key_env)
         if not key:
             raise BackendError(f"{self.name}: set the {api_key_env} environment variable")
-        self._scrub = _scrubber(key)  # the key lives only in this closure and the SDK client
+        self._scrub = key_scrubber(key)  # the key lives only in this closure and the SDK client
         anthropic = require("anthropic", "anthropic", "anthropic")
         self._client = anthropic.Anthropic(
             api_key=key, base_url=base_url, max_retries=0, timeout=self.timeout
@@ -271,7 +259,3 @@ def _parse(message: Any) -> tuple[str, str, tuple[int, int, int]]:
     except (AttributeError, TypeError, KeyError) as exc:
         raise MalformedResponse(f"unexpected response shape: {type(exc).__name__}") from None
     return text, finish, (fresh + read + write, out, read)
-
-
-def _scrubber(key: str) -> Callable[[str], str]:
-    return lambda text: scrub(text, (key,))

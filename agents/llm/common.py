@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import importlib
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
@@ -108,6 +108,11 @@ def scrub(text: str, secrets: Iterable[str | None]) -> str:
                 if piece in text:
                     text = text.replace(piece, "<redacted>")
     return text
+
+
+def key_scrubber(key: str) -> Callable[[str], str]:
+    """A function that blanks ``key`` out of a text: the key lives only in its closure."""
+    return lambda text: scrub(text, (key,))
 
 
 def require(module: str, package: str, extra: str) -> Any:

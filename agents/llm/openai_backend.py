@@ -25,11 +25,10 @@ llama.cpp server, whose default of 1.1 differs from the OpenAI API's none).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -37,12 +36,12 @@ from agents.llm.base import BackendError, Completion, Request, SpecError
 from agents.llm.common import (
     CONTINUE_INSTRUCTION,
     check_chat_format,
+    key_scrubber,
     messages_as_dicts,
     opt_float,
     opt_int,
     prompt_as_messages,
     safe_url,
-    scrub,
     truncate_at_stop,
 )
 from agents.llm.retry import (
@@ -50,8 +49,8 @@ from agents.llm.retry import (
     Retryable,
     RetryPolicy,
     call_with_retries,
+    classify_sdk_error,
     concurrent_map,
-    parse_retry_after,
 )
 
 log = logging.getLogger("agents.llm.openai")
@@ -64,20 +63,7 @@ def classify_openai_error(exc: BaseException) -> Retryable | None:
     """Retryable for timeouts, dropped connections, 408/409/429/5xx and malformed JSON."""
     import openai
 
-    if isinstance(exc, openai.APITimeoutError):
-        return Retryable("timeout")
-    if isinstance(exc, openai.APIConnectionError):
-        cause = exc.__cause__ or exc.__context__
-        return Retryable(f"connection error ({type(cause).__name__ if cause else 'closed'})")
-    if isinstance(exc, openai.APIStatusError):
-        status = exc.status_code
-        if status in (408, 409, 429) or status >= 500:
-            headers = dict(exc.response.headers) if exc.response is not None else {}
-            return Retryable(f"HTTP {status}", parse_retry_after(headers))
-        return None
-    if isinstance(exc, MalformedResponse | json.JSONDecodeError | UnicodeDecodeError):
-        return Retryable(f"malformed response ({type(exc).__name__})")
-    return None
+    return classify_sdk_error(openai, exc)
 
 
 class OpenAIBackend:
@@ -117,12 +103,13 @@ class OpenAIBackend:
         self.chat_instruction = chat_instruction
         self.concurrency = opt_int(who, "concurrency", concurrency, 1)
         self.timeout = opt_float(who, "timeout", timeout, 0.001)
-        self.policy = RetryPolicy(
-            max_retries=opt_int(who, "max_retries", max_retries, 0),
-            backoff_base=opt_float(who, "backoff_base", backoff_base, 0.0),
-            backoff_max=opt_float(who, "backoff_max", backoff_max, 0.0),
-            jitter=opt_float(who, "jitter", jitter, 0.0),
-            max_retry_after=opt_float(who, "max_retry_after", max_retry_after, 0.0),
+        self.policy = RetryPolicy.from_options(
+            who,
+            max_retries=max_retries,
+            backoff_base=backoff_base,
+            backoff_max=backoff_max,
+            jitter=jitter,
+            max_retry_after=max_retry_after,
         )
         self.extra_body = dict(extra_body or {})
         # o-series models reject max_tokens on chat; older compatible servers only know it
@@ -139,7 +126,7 @@ class OpenAIBackend:
                     "(or pass base_url= for a local OpenAI-compatible server)"
                 )
             key = DUMMY_KEY
-        self._scrub = _scrubber(key)  # the key lives only in this closure and the SDK client
+        self._scrub = key_scrubber(key)  # the key lives only in this closure and the SDK client
         openai = _import_openai()
         self._client = openai.OpenAI(
             api_key=key, base_url=base_url, max_retries=0, timeout=self.timeout
@@ -281,7 +268,3 @@ def _parse(endpoint: str, response: Any) -> tuple[list[str], list[str], tuple[in
     except (AttributeError, TypeError, KeyError) as exc:
         raise MalformedResponse(f"unexpected response shape: {type(exc).__name__}") from None
     return texts, finishes, (prompt, completion, cached)
-
-
-def _scrubber(key: str) -> Callable[[str], str]:
-    return lambda text: scrub(text, (key,))

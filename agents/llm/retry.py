@@ -9,6 +9,7 @@ jitter. A request that still fails raises :class:`~agents.llm.base.BackendError`
 from __future__ import annotations
 
 import email.utils
+import json
 import logging
 import random
 import time
@@ -46,6 +47,28 @@ class RetryPolicy:
     jitter: float = 1.0  # up to this many seconds of uniform jitter added to each wait
     max_retry_after: float = 120.0  # never sleep longer than this on a server's Retry-After
 
+    @classmethod
+    def from_options(
+        cls,
+        backend: str,
+        *,
+        max_retries: Any,
+        backoff_base: Any,
+        backoff_max: Any,
+        jitter: Any,
+        max_retry_after: Any,
+    ) -> RetryPolicy:
+        """A policy from backend options (numbers or strings); a bad value is a SpecError."""
+        from agents.llm.common import opt_float, opt_int
+
+        return cls(
+            max_retries=opt_int(backend, "max_retries", max_retries, 0),
+            backoff_base=opt_float(backend, "backoff_base", backoff_base, 0.0),
+            backoff_max=opt_float(backend, "backoff_max", backoff_max, 0.0),
+            jitter=opt_float(backend, "jitter", jitter, 0.0),
+            max_retry_after=opt_float(backend, "max_retry_after", max_retry_after, 0.0),
+        )
+
     def describe(self) -> dict[str, float]:
         return {
             "max_retries": self.max_retries,
@@ -54,6 +77,28 @@ class RetryPolicy:
             "jitter": self.jitter,
             "max_retry_after": self.max_retry_after,
         }
+
+
+def classify_sdk_error(sdk: Any, exc: BaseException) -> Retryable | None:
+    """Retryable for timeouts, dropped connections, 408/409/429/5xx and malformed JSON.
+
+    ``sdk`` is the ``openai`` or ``anthropic`` module: both SDKs raise the same exception classes
+    (``APITimeoutError``, ``APIConnectionError``, ``APIStatusError``).
+    """
+    if isinstance(exc, sdk.APITimeoutError):
+        return Retryable("timeout")
+    if isinstance(exc, sdk.APIConnectionError):
+        cause = exc.__cause__ or exc.__context__
+        return Retryable(f"connection error ({type(cause).__name__ if cause else 'closed'})")
+    if isinstance(exc, sdk.APIStatusError):
+        status = exc.status_code
+        if status in (408, 409, 429) or status >= 500:
+            headers = dict(exc.response.headers) if exc.response is not None else {}
+            return Retryable(f"HTTP {status}", parse_retry_after(headers))
+        return None
+    if isinstance(exc, MalformedResponse | json.JSONDecodeError | UnicodeDecodeError):
+        return Retryable(f"malformed response ({type(exc).__name__})")
+    return None
 
 
 def parse_retry_after(headers: Mapping[str, str] | None, now: float | None = None) -> float | None:
