@@ -122,6 +122,9 @@ def plan_trial(
     return todo, jobs
 
 
+REFLECTION_STOPS = ("\n\n", "\n>")
+
+
 def reflect(store: RunStore, backend: Backend, trial: int, settings: TrialSettings) -> None:
     """Write a reflection for every failed episode of the trial that has none yet (batched)."""
     if settings.arm == "react":
@@ -144,9 +147,14 @@ def reflect(store: RunStore, backend: Backend, trial: int, settings: TrialSettin
         )
     if not pending:
         return
-    # one paragraph, as in the examples; greedy, at most reflect_max_tokens (256) tokens
+    # one paragraph, as in the examples; greedy, at most reflect_max_tokens (256) tokens. A new
+    # line that starts with "> " is the model writing transcript again, not a plan: it ends the
+    # reflection too (small models otherwise repeat one "> ..." line until the token cap).
     config = GenerationConfig(
-        temperature=0.0, max_tokens=settings.reflect_max_tokens, stop=("\n\n",), seed=settings.seed
+        temperature=0.0,
+        max_tokens=settings.reflect_max_tokens,
+        stop=REFLECTION_STOPS,
+        seed=settings.seed,
     )
     requests = [
         Request(

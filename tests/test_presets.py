@@ -20,7 +20,8 @@ from experiments.errors import ConfigError
 ROOT = Path(__file__).resolve().parent.parent
 SPLIT = "eval_out_of_distribution"
 PRESETS = {
-    "paper", "paper-code", "paper-llm", "scale", "scale-cpu", "open-vs-api", "explore", "textworld",
+    "paper", "paper-code", "paper-llm", "scale", "scale-cpu", "scale-cpu-valid-seen", "open-vs-api",
+    "explore", "textworld",
 }  # fmt: skip
 
 
@@ -69,6 +70,11 @@ def test_every_preset_loads_and_keeps_the_protocol():
     cpu = jobs_of("scale-cpu")
     assert {c["model"] for c in cpu.values()} == {"embedded:gemma3-270m", "embedded:smollm2-135m"}
     assert all(c["data"] is None and not c["serve"] and c["games"] <= 6 for c in cpu.values())
+    cpu_vs = jobs_of("scale-cpu-valid-seen")
+    assert {c["model"] for c in cpu_vs.values()} == {c["model"] for c in cpu.values()}
+    assert matrix.load_preset("scale-cpu-valid-seen").needs_data
+    for c in [*cpu.values(), *cpu_vs.values()]:  # the paper protocol on the CPU rungs too
+        assert (c["evaluator"], c["memory_size"], c["max_steps"]) == ("paper", 3, 30)
 
     api = jobs_of("open-vs-api")
     kinds = {c["model"].split(":")[0] for c in api.values()}

@@ -163,3 +163,13 @@ def test_textworld_games_run_through_the_same_loop(tmp_path):
     steps = store.steps(episode.episode_id)
     # TextWorld keeps `put X on Y`: the ALFWorld put->move rule is off for it
     assert not any(s.action.startswith("move ") for s in steps)
+
+
+def test_reflection_ends_where_the_model_starts_writing_transcript():
+    from agents.llm.common import truncate_at_stop
+    from experiments.trials import REFLECTION_STOPS
+
+    text = " > I need to take a creditcard, then put it in armchair 1.\n> take creditcard 1\n> go"
+    assert truncate_at_stop(text, REFLECTION_STOPS)[0] == text.split("\n")[0]
+    plan = "I looked in the wrong place.\nNext time I will go to desk 1 first.\n\nYou are in"
+    assert truncate_at_stop(plan, REFLECTION_STOPS)[0] == plan.split("\n\n")[0]
