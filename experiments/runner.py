@@ -29,8 +29,11 @@ from experiments.trials import Task, TrialSettings, run_trials
 log = logging.getLogger("reflexsim.runner")
 
 ACTION_SYNTAX = "alfworld-0.4 (move X to Y; You arrive at <receptacle>)"
-# Keys that may differ between a run and its resume without changing its results.
+# Keys that may differ between a run and its resume without changing its results. ``trials``
+# too: trial k depends only on trials 0..k-1, so a finished run resumed with more trials plays
+# the extra ones (the manifest records the new count).
 RESUMABLE_KEYS = {
+    "trials",
     "run_dir",
     "workers",
     "concurrency",
@@ -354,6 +357,7 @@ def run(cfg: RunConfig, resume: str | None = None, force: bool = False) -> Path:
             )
         store.log_event("resume", json.dumps({"differences": diffs, "forced": bool(diffs)}))
         manifest = {**old, "resumed_at": time.time()}
+        manifest["config"] = {**old.get("config", {}), "trials": cfg.trials}
     store.set_meta("manifest", manifest)
     print(
         json.dumps({"run_dir": str(run_dir), **cfg.to_dict()}, indent=1, default=str),
