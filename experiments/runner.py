@@ -284,7 +284,7 @@ class _Progress:
 
             self.bar = tqdm(total=n, desc=f"trial {trial}", unit="ep", file=sys.stderr)
         else:
-            print(f"trial {trial}: {n} task(s) to run", file=sys.stderr)
+            print(f"trial {trial}: {n} episode(s) to play", file=sys.stderr)
 
     def on_episode(self, episode: str, won: bool) -> None:
         if self.bar is not None:

@@ -230,7 +230,7 @@ def run_trials(
             log.info("trial %d: every task is solved", trial)
             break
         store.start_trial(trial, [t.game for t in todo])
-        on_trial(trial, len(todo))
+        on_trial(trial, len(jobs))  # episodes still to play: a resumed trial counts only those
         stopped = rollout.run(jobs)
         if stopped:
             return stopped
