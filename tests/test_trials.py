@@ -153,7 +153,9 @@ def test_resume_with_more_trials_plays_only_the_new_ones(generated_games, tmp_pa
     store.close()
     run(config(generated_games, tmp_path, trials=2), resume=str(run_dir))
     progress = capsys.readouterr().err
-    assert "trial 0: 0 episode(s) to play" in progress and "trial 1: 6 episode(s) to play" in progress
+    assert (
+        "trial 0: 0 episode(s) to play" in progress and "trial 1: 6 episode(s) to play" in progress
+    )
     store = RunStore(run_dir, readonly=True)
     assert solved_by_trial(store) == {0: 0, 1: 6}  # the learner uses trial 0's reflections
     assert [(e.episode_id, e.finished_at) for e in store.episodes(0)] == first  # not replayed
