@@ -222,30 +222,9 @@ class VLLMBackend:
     backend is cheap; ``vllm`` itself is imported here, so a missing install fails at once.
     """
 
-    def __init__(
-        self,
-        model: str,
-        *,
-        tensor_parallel_size: int | str = 1,
-        gpu_memory_utilization: float | str = 0.9,
-        max_model_len: int | str | None = None,
-        enforce_eager: bool | str = False,
-        enable_prefix_caching: bool | str = True,
-        dtype: str = "auto",
-        seed: int | str = 0,
-        **engine_options: Any,
-    ) -> None:
-        self._engine_kwargs = engine_kwargs(
-            model,
-            tensor_parallel_size=tensor_parallel_size,
-            gpu_memory_utilization=gpu_memory_utilization,
-            max_model_len=max_model_len,
-            enforce_eager=enforce_eager,
-            enable_prefix_caching=enable_prefix_caching,
-            dtype=dtype,
-            seed=seed,
-            **engine_options,
-        )
+    def __init__(self, model: str, **engine_options: Any) -> None:
+        """``engine_options``: the keywords of :func:`engine_kwargs` (validated there)."""
+        self._engine_kwargs = engine_kwargs(model, **engine_options)
         self.model = model
         self.name = f"vllm:{model}"
         self._vllm = _import_vllm()
