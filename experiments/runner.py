@@ -339,6 +339,13 @@ def run(cfg: RunConfig, resume: str | None = None, force: bool = False) -> Path:
     run_dir = Path(resume) if resume else Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg)
     if resume:
         store = RunStore(run_dir)
+        played = len(store.trials())
+        if cfg.trials < played:
+            store.close()
+            raise RunStoreError(
+                f"the run in {str(run_dir)!r} has started {played} trials: "
+                f"resume with --trials {played} or more"
+            )
     else:
         if (run_dir / "run.sqlite").exists():
             raise RunStoreError(

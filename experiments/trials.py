@@ -148,7 +148,7 @@ def reflect(store: RunStore, backend: Backend, trial: int, settings: TrialSettin
     if not pending:
         return
     # one paragraph, as in the examples; greedy, at most reflect_max_tokens (256) tokens. A new
-    # line that starts with "> " is the model writing transcript again, not a plan: it ends the
+    # line that starts with ">" is the model writing transcript again, not a plan: it ends the
     # reflection too (small models otherwise repeat one "> ..." line until the token cap).
     config = GenerationConfig(
         temperature=0.0,

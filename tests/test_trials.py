@@ -10,6 +10,7 @@ import pytest
 
 from agents.prompting import actor_prompt
 from experiments.config import RunConfig
+from experiments.errors import RunStoreError
 from experiments.runner import run
 from experiments.store import RunStore
 
@@ -161,6 +162,8 @@ def test_resume_with_more_trials_plays_only_the_new_ones(generated_games, tmp_pa
     assert [(e.episode_id, e.finished_at) for e in store.episodes(0)] == first  # not replayed
     assert store.get_meta("manifest")["config"]["trials"] == 2
     store.close()
+    with pytest.raises(RunStoreError, match="resume with --trials 2 or more"):
+        run(config(generated_games, tmp_path, trials=1), resume=str(run_dir))
 
 
 def test_textworld_games_run_through_the_same_loop(tmp_path):
