@@ -14,7 +14,8 @@ or a matrix::
 
 A job's config is: defaults < ``base`` < the job's keys < the flags given on the command line
 (so ``--model scripted:expert --games 2 --data DIR`` turns any preset into a quick CPU check; a
-preset's ``serve: true`` is dropped for a job whose model, after the flags, is not ``vllm:``).
+preset's ``serve: true`` is dropped for a job whose model, after the flags, is not ``vllm:``, and
+its ``backend_options`` for a job whose ``--model`` is another kind of backend).
 Each job runs in ``<run dir>/<job name>`` (default run dir ``runs/<preset>-<time>``), one after
 another; a job that fails is recorded in ``<run dir>/matrix.json`` with its error and the matrix
 goes on. Consecutive jobs that serve the same model with the same command share one server.
@@ -196,6 +197,9 @@ def job_config(
 ) -> RunConfig:
     """A job's resolved config: defaults < base < job < flags; its run dir under ``run_dir``."""
     values: dict[str, Any] = {**preset.base, **job.overrides}
+    if "model" in flags and "backend_options" not in flags:
+        if _backend_kind(flags["model"]) != _backend_kind(values.get("model")):
+            values.pop("backend_options", None)  # e.g. llama.cpp threads, for a scripted model
     values.update({k: v for k, v in flags.items() if k != "run_dir"})
     values["run_dir"] = str(run_dir / job.name)
     if values.get("serve") and "serve" not in flags and not _is_vllm(values.get("model")):
@@ -213,8 +217,12 @@ def job_config(
     return cfg
 
 
+def _backend_kind(model: Any) -> str:
+    return str(model or "").strip().lower().split(":", 1)[0]
+
+
 def _is_vllm(model: Any) -> bool:
-    return isinstance(model, str) and model.strip().lower().startswith("vllm:")
+    return _backend_kind(model) == "vllm"
 
 
 def default_matrix_dir(preset: Preset) -> Path:

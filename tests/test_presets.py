@@ -1,5 +1,5 @@
 """Experiment presets and the job matrix: every preset validates and dry-runs without models or
-data; paper and textworld run end to end with a scripted model in place of theirs; a failed job
+data; every preset runs end to end with a scripted model in place of theirs; a failed job
 is recorded and the matrix goes on; --resume plays only what is unfinished."""
 
 from __future__ import annotations
@@ -171,6 +171,25 @@ def test_paper_matrix_runs_both_arms_with_a_scripted_model(generated_games, tmp_
     again = cli("--resume", str(run_dir), home=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "react: complete" in again.stdout and "trial 0" not in again.stderr
+
+
+@pytest.mark.parametrize(
+    "name", sorted(PRESETS - {"paper", "textworld"})
+)  # those two: above, below
+def test_every_preset_runs_to_completion_with_a_scripted_model(name, generated_games, tmp_path):
+    run_dir = tmp_path / name
+    code = main([
+        "run", "--config", name, "--model", "scripted:expert", "--data", str(generated_games),
+        "--split", SPLIT, "--games", "1", "--trials", "1", "--run-dir", str(run_dir),
+    ])  # fmt: skip
+    assert code == 0
+    state = json.loads((run_dir / "matrix.json").read_text())
+    assert set(state["jobs"]) == {job.name for job in matrix.load_preset(name).jobs}
+    assert {j["status"] for j in state["jobs"].values()} == {"complete"}
+    summary = json.loads((run_dir / "report" / "comparison.json").read_text())["runs"]
+    assert {row["solved_last"] for row in summary} == {
+        1
+    }  # the expert wins its one game in every job
 
 
 @pytest.mark.slow
