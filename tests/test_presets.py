@@ -121,7 +121,6 @@ def test_dry_run_of_every_preset_needs_neither_models_nor_data(tmp_path, monkeyp
 
 
 def test_dry_run_by_bare_name_from_the_command_line(tmp_path, generated_games):
-    start = time.monotonic()
     r = cli("--config", "paper", "--dry-run", home=tmp_path)
     assert r.returncode == 0, r.stderr
     assert [j["games"] for j in json.loads(r.stdout)["jobs"]] == [134, 134]
@@ -134,7 +133,6 @@ def test_dry_run_by_bare_name_from_the_command_line(tmp_path, generated_games):
     for job in plan["jobs"]:
         assert job["games"] == 6 and len(job["games_by_type"]) == 6 and "serve" not in job
         assert job["model"] == "scripted:expert" and job["trials"] == 12
-    assert time.monotonic() - start < 60
     assert not (tmp_path / ".cache").exists()
     r = cli("--config", "no-such-preset", "--dry-run", home=tmp_path)
     assert r.returncode == 2 and "presets are" in r.stderr and "paper" in r.stderr
