@@ -16,7 +16,7 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 
-from memory.records import ExplorationFact, Reflection
+from memory.records import ExplorationFact, Reflection, Step
 
 TASK_TYPES = ("put", "clean", "heat", "cool", "examine", "puttwo")
 
@@ -55,6 +55,17 @@ class Example:
 
     def text(self) -> str:
         return render_transcript(self.observation, self.steps)
+
+
+def transcript_action(step: Step) -> str:
+    """The action text a transcript shows for a step: what was executed (or the thought), else
+    the model's own text (an invalid step). The one rule, used by every prompt and viewer."""
+    return step.action or step.raw_output.strip()
+
+
+def transcript_pairs(steps: Sequence[Step]) -> list[tuple[str, str]]:
+    """(action text, observation) of each step, as every transcript renders them."""
+    return [(transcript_action(s), s.observation) for s in steps]
 
 
 def render_transcript(observation: str, steps: Sequence[tuple[str, str]]) -> str:

@@ -67,6 +67,25 @@ class Step(_Record):
 
 
 @dataclass(frozen=True)
+class ModelCall(_Record):
+    """One model call of any purpose (act, reflect, judge, plan, value, ...): what it cost.
+
+    Every call is recorded, so budgets, cost and reports count everything.
+    """
+
+    purpose: str
+    game: str
+    trial: int
+    episode_id: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    latency_s: float = 0.0
+    retries: int = 0
+    error: str | None = None  # the call failed (after its retries): why
+
+
+@dataclass(frozen=True)
 class Reflection(_Record):
     """A self-reflection written after a failed trial, with its provenance."""
 

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
-Purpose = Literal["act", "reflect", "judge", "other"]
+Purpose = Literal["act", "reflect", "judge", "plan", "value", "other"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,26 @@ class Message:
 
 
 @dataclass(frozen=True)
+class ActionConstraint:
+    """Grounded decoding: the completion must be exactly ``lead`` followed by either one of
+    ``actions`` or (when ``allow_think``) a ``think: <text>`` line, then the stop.
+
+    Backends that can constrain decoding (vLLM structured outputs, llama.cpp grammars,
+    transformers logits processors) enforce it with the engine's own mechanism; a backend that
+    cannot raises :class:`SpecError` naming ``nearest`` as the alternative.
+    """
+
+    actions: tuple[str, ...]
+    allow_think: bool = True
+    lead: str = " "  # what the model writes right after the prompt's final '>'
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "actions", tuple(str(a) for a in self.actions))
+        if not self.actions and not self.allow_think:
+            raise ValueError("an ActionConstraint needs at least one action or allow_think")
+
+
+@dataclass(frozen=True)
 class Request:
     """A completion-style ``prompt`` or chat ``messages`` (exactly one), with its sampling config.
 
@@ -50,6 +70,7 @@ class Request:
     messages: tuple[Message, ...] | None = None
     purpose: Purpose = "act"
     side: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    constraint: ActionConstraint | None = None  # grounded decoding (see ActionConstraint)
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (self.messages is None):
@@ -78,6 +99,18 @@ class Backend(Protocol):
     name: str
 
     def generate(self, requests: Sequence[Request]) -> list[Completion]: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class AsyncBackend(Protocol):
+    """A backend with its own scheduler (vLLM's async engine): ``agenerate`` answers one
+    request; the engine submits every pending request at once and the backend batches them."""
+
+    name: str
+
+    async def agenerate(self, request: Request) -> Completion: ...
 
     def close(self) -> None: ...
 
