@@ -93,9 +93,15 @@ class NoEvaluator:
         return None
 
 
-def make_evaluator(name: str, count_thoughts: bool = True) -> Evaluator:
+def make_evaluator(
+    name: str, count_thoughts: bool = True, max_actions: int = 30, max_repeats: int = 3
+) -> Evaluator:
+    """An evaluator by name; the paper's limits are its own settings, independent of the step
+    cap (``--max-steps 50`` runs past 31 actions only with ``max_actions`` >= 50)."""
     if name == "paper":
-        return PaperEvaluator(count_thoughts=count_thoughts)
+        return PaperEvaluator(
+            max_repeats=max_repeats, max_actions=max_actions, count_thoughts=count_thoughts
+        )
     if name == "code":
         return CodeEvaluator()
     if name == "llm":

@@ -141,7 +141,7 @@ def lifecycle(repeats: int, llama: bool) -> None:
         for label, (command, model) in commands.items():
             starts, restarts = [], []
             for i in range(repeats):
-                cfg = RunConfig(
+                cfg = RunConfig.of(
                     model=model, serve=True, serve_command=command, serve_port=free_port()
                 )
                 server = ModelServer(serve_settings(cfg, Path(tmp) / f"{i}.log"))

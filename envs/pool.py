@@ -218,6 +218,12 @@ class _PoolAPI:
     def submit(self, calls: Mapping[int, Call]) -> None:
         raise NotImplementedError
 
+    def waitables(self) -> list[Any]:
+        raise NotImplementedError
+
+    def next_deadline(self) -> float | None:
+        raise NotImplementedError
+
     def collect(self, timeout: float | None = None) -> dict[int, Outcome]:
         raise NotImplementedError
 
@@ -313,6 +319,13 @@ class SyncEnvPool(_PoolAPI):
     def actions(self, slot: int) -> tuple[str, ...]:
         """The actions slot's episode has taken since its last reset."""
         return tuple(self._episodes.actions[slot] or ())
+
+    def waitables(self) -> list[Any]:
+        """Nothing to wait on: ``submit`` already ran the calls."""
+        return []
+
+    def next_deadline(self) -> float | None:
+        return None
 
     def close(self) -> None:
         for env in self._envs.values():
@@ -465,6 +478,20 @@ class EnvPool(_PoolAPI):
     def in_flight(self) -> frozenset[int]:
         """Slots with a submitted call whose answer has not been collected yet."""
         return frozenset(self._busy)
+
+    def waitables(self) -> list[Any]:
+        """What an event loop waits on for answers and deaths: the busy workers' pipes and
+        process sentinels (file descriptors); ``collect(0)`` handles whatever woke it."""
+        out: list[Any] = []
+        for i in range(self.workers):
+            if self._sent[i]:
+                out += [self._workers[i].conn.fileno(), self._workers[i].process.sentinel]
+        return out
+
+    def next_deadline(self) -> float | None:
+        """The ``time.monotonic()`` at which the earliest busy worker times out, or None."""
+        busy = [self._deadline(i) for i in range(self.workers) if self._sent[i]]
+        return min(busy) if busy else None
 
     def submit(self, calls: Mapping[int, Call]) -> None:
         """Start resets (``Reset``) and steps (action strings) without waiting for them; a slot

@@ -58,12 +58,13 @@ def _run(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(json.dumps(matrix.plan_job(cfg), indent=1, default=str))
         return 0
-    if cfg.serve:
+    progress = ConsoleProgress(verbose=args.verbose)
+    if cfg.server.serve:
         from experiments.serve import run_served
 
-        run_dir = run_served(cfg, resume=args.resume, force=args.force)
+        run_dir = run_served(cfg, resume=args.resume, force=args.force, progress=progress)
     else:
-        run_dir = run(cfg, resume=args.resume, force=args.force)
+        run_dir = run(cfg, resume=args.resume, force=args.force, progress=progress)
     report = _write_report_if_available(run_dir)
     print(f"run: {run_dir}")
     if report is not None:
@@ -71,11 +72,65 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+class ConsoleProgress:
+    """The run's start, a live progress line (solved tasks, tokens, ETA) and nothing else."""
+
+    def __init__(self, verbose: bool = False, stream: Any = None) -> None:
+        self.verbose = verbose
+        self.stream = stream or sys.stderr
+        self.bar: Any = None
+        self.tasks = 0
+        self.solved = 0
+
+    def begin(self, summary: dict[str, Any]) -> None:
+        s = summary
+        again = " (resumed)" if s.get("resumed") else ""
+        print(f"run{again}: {s['run_dir']}", file=self.stream)
+        print(
+            f"  model {s['model']}, arm {s['arm']}, {s['games']} games ({s['game_source']}), "
+            f"{s['trials']} trials, {s['concurrency']} in flight on {s['workers']} env worker(s)",
+            file=self.stream,
+        )
+        print(f"  config: {s['config_file']}", file=self.stream)
+        if self.verbose:
+            print(json.dumps(s["config"], indent=1, default=str), file=self.stream)
+
+    def start(self, tasks: int, episodes_at_most: int, solved: int) -> None:
+        self.tasks, self.solved = tasks, solved
+        if self.stream.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=episodes_at_most, unit="ep", desc="episodes", file=self.stream)
+            self._postfix(0)
+
+    def _postfix(self, tokens: int) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix(solved=f"{self.solved}/{self.tasks}", tokens=tokens)
+
+    def episode_done(self, won: bool, tokens: int) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+            self._postfix(tokens)
+
+    def task_done(self, won: bool, episodes_saved: int) -> None:
+        self.solved += int(won)
+        if self.bar is not None and episodes_saved:
+            self.bar.total = max(self.bar.n, self.bar.total - episodes_saved)
+            self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+        print(f"solved {self.solved}/{self.tasks} tasks", file=self.stream)
+
+
 def _run_matrix(args: argparse.Namespace, preset: Any) -> int:
     """A preset with jobs: each job in <run dir>/<name>, one report; 1 if a job failed."""
     from experiments import matrix
+    from experiments.config import flag_values
 
-    flags = matrix.flag_values(args)
+    flags = flag_values(args)
     if args.dry_run:
         if preset is None:
             state = matrix.read_state(Path(args.resume))

@@ -1,13 +1,24 @@
-"""The run configuration: one frozen dataclass, parsed once from flags and an optional YAML file.
+"""The run configuration: one tree of frozen dataclasses, the single source of every option.
 
-Flags override the file; unknown keys are errors. The resolved config goes into the manifest.
+Each leaf field is declared once, with :func:`option` (default, docstring, and what the tree
+derives from it). From the tree come: the ``run`` flags and ``--help`` (one argparse group per
+section, a flag per leaf), the YAML keys (a leaf's own name, at the top level as always, or
+inside its section: ``protocol: {trials: 5}``), the keys that may change on ``--resume``
+(``resumable=True``), validation (``choices``, ``minimum``), and the manifest (:meth:`to_dict`).
+Leaf names are unique across sections, so today's flat keys keep working everywhere.
+
+A small generator of its own rather than a CLI library: the flags and YAML keys are an existing
+public surface (``--game`` repeats, ``--no-count-thoughts``, only flags given override a file or
+a resumed manifest), which a generated CLI would rename.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import os
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,107 +29,301 @@ from experiments.errors import ConfigError
 ARMS = ("react", "reflexion", "reflexion+explore")
 EVALUATORS = ("paper", "code", "llm")
 ENVS = ("alfworld", "textworld")
+SPLITS = ("train", "eval_in_distribution", "eval_out_of_distribution")
+
+
+def option(
+    default: Any,
+    help: str,
+    *,
+    choices: tuple[str, ...] | None = None,
+    minimum: float | None = None,
+    resumable: bool = False,
+    flag: str | None = None,
+) -> Any:
+    """A config leaf: its default, its docstring (the ``--help`` text), and its rules."""
+    meta = {"help": help, "choices": choices, "minimum": minimum, "resumable": resumable}
+    meta["flag"] = flag
+    if isinstance(default, dict | list | tuple):
+        frozen = default
+        return field(default_factory=lambda: type(frozen)(frozen), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The models and how they are asked."""
+
+    model: str = option(
+        "embedded",
+        "model spec: embedded[:gemma3-270m|smollm2-135m], vllm:ID, openai:MODEL, "
+        "anthropic:MODEL, hf:ID, llamacpp:PATH, scripted:expert|random|learner|replay:DIR",
+    )
+    base_url: str | None = option(
+        None,
+        "OpenAI-compatible server URL (vllm serve, llama.cpp server); several, comma-separated, "
+        "shard the games across servers",
+    )
+    reflect_model: str | None = option(
+        None, "model spec for self-reflection (default: the actor's)"
+    )
+    chat_format: str | None = option(None, "how chat backends receive completion prompts")
+    backend_options: dict[str, Any] = option(
+        {},
+        "backend keyword options (e.g. n_threads=1, concurrency=16); flag: --backend-option "
+        "KEY=VALUE, repeatable",
+        flag="--backend-option",
+    )
+    temperature: float = option(0.0, "actor sampling temperature", minimum=0.0)
+    top_p: float = option(1.0, "actor nucleus sampling", minimum=0.0)
+    max_tokens: int = option(100, "actor tokens per step at most", minimum=1)
+    reflect_max_tokens: int = option(256, "tokens per reflection at most", minimum=1)
+
+    @property
+    def reflector(self) -> str:
+        return self.reflect_model or self.model
+
+
+@dataclass(frozen=True)
+class ProtocolConfig:
+    """The agent arm and the trial protocol."""
+
+    agent: str = option(
+        "reflexion",
+        "arm: react (resampling baseline), reflexion, reflexion+explore",
+        choices=ARMS,
+    )
+    trials: int = option(3, "number of trials", minimum=1, resumable=True)
+    memory_size: int = option(3, "reflections shown to the actor (Omega)", minimum=0)
+    max_steps: int = option(
+        30, "step cap per episode (the paper's Reflexion runs: 30; the originals: 49-50)", minimum=1
+    )
+    count_thoughts: bool = option(
+        True, "thoughts use up the step budget and the evaluator's action count (originals: yes)"
+    )
+    grounding: bool = option(True, "rewrite put X in/on Y to move X to Y (ALFWorld 0.4 syntax)")
+    prompts: str | None = option(
+        None, "an original ReAct prompt file (JSON of react_<type>_<k> transcripts)"
+    )
+    seed: int = option(0, "run seed (sampling, generated games)")
+
+
+@dataclass(frozen=True)
+class EvaluationConfig:
+    """When an episode counts as failed (success is always the env's won)."""
+
+    evaluator: str = option(
+        "paper",
+        "paper (same action and observation repeated, or too many actions), code (the same "
+        "action twice in a row), or llm (a judge reads the transcript)",
+        choices=EVALUATORS,
+    )
+    max_actions: int = option(
+        30, "paper evaluator: fail after more than this many actions (the paper: 30)", minimum=1
+    )
+    max_repeats: int = option(
+        3,
+        "paper evaluator: fail when the same action got the same observation more than this "
+        "many times in a row (the paper: 3)",
+        minimum=1,
+    )
+
+
+@dataclass(frozen=True)
+class GamesConfig:
+    """Which games are played."""
+
+    env: str = option("alfworld", "alfworld or textworld", choices=ENVS)
+    data: str | None = option(
+        None, "ALFWorld data root (default: $ALFWORLD_DATA, else generated games)"
+    )
+    split: str = option("eval_out_of_distribution", "ALFWorld split", choices=SPLITS)
+    games: int | None = option(
+        None, "play the first N games of the split (sorted by id)", minimum=1
+    )
+    game_ids: tuple[str, ...] = option((), "a game id to play (repeatable)", flag="--game")
+    task_types: tuple[str, ...] = option((), "only these: put clean heat cool examine puttwo")
+    generate_per_type: int = option(
+        1, "games per task type when generating the default game set", minimum=1
+    )
+
+
+@dataclass(frozen=True)
+class ExecutionConfig:
+    """How the run uses the machine (never changes results)."""
+
+    workers: int = option(1, "env worker processes", minimum=1, resumable=True)
+    concurrency: int = option(4, "episodes in flight", minimum=1, resumable=True)
+    step_timeout_s: float = option(
+        120.0, "seconds an env call may take before its worker is replaced", minimum=0.001,
+        resumable=True,
+    )  # fmt: skip
+    run_dir: str | None = option(
+        None, "where the run is written (default: runs/<time>-<model>-<arm>)", resumable=True
+    )
+
+
+@dataclass(frozen=True)
+class BudgetConfig:
+    """When to stop cleanly (a stopped run continues with --resume)."""
+
+    budget_tokens: int | None = option(
+        None, "stop after this many tokens", minimum=1, resumable=True
+    )
+    budget_usd: float | None = option(None, "stop after this cost", minimum=0.0, resumable=True)
+    deadline: str | None = option(
+        None, "stop after this wall time (8h, 90m, 3600s) or at an ISO time", resumable=True
+    )
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """A model server started for the run (vllm: models)."""
+
+    serve: bool = option(
+        False, "start `vllm serve` for the vllm: model, restart it if it dies, stop it at the end"
+    )
+    serve_command: str | None = option(
+        None,
+        "server command template with {model} {host} {port} {python} "
+        "(default: vllm serve {model} --host {host} --port {port})",
+    )
+    serve_port: int = option(8000, "port of the served model on 127.0.0.1", minimum=1)
+    serve_timeout_s: float = option(
+        1800.0, "seconds to wait for the server to become healthy (a first start downloads)",
+        minimum=1.0,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    model: str = "embedded"
-    base_url: str | None = None
-    reflect_model: str | None = None  # default: the actor's model
-    agent: str = "reflexion"  # the arm
-    evaluator: str = "paper"
-    env: str = "alfworld"
-    data: str | None = None  # ALFWorld data root (default $ALFWORLD_DATA, else generated games)
-    split: str = "eval_out_of_distribution"
-    games: int | None = None  # first N games of the split (sorted by id); None = all
-    game_ids: tuple[str, ...] = ()  # explicit games
-    task_types: tuple[str, ...] = ()
-    trials: int = 3
-    memory_size: int = 3
-    max_steps: int = 30  # the paper's Reflexion runs (the originals allowed 49-50)
-    count_thoughts: bool = True  # the originals count thoughts toward the step budget
-    workers: int = 1
-    concurrency: int = 4  # episodes in flight
-    seed: int = 0
-    temperature: float = 0.0
-    top_p: float = 1.0
-    max_tokens: int = 100
-    reflect_max_tokens: int = 256
-    grounding: bool = True  # put X in/on Y -> move X to Y, lowercase, stray '>'
-    prompts: str | None = None  # an original ReAct prompt file (react_<type>_<k>)
-    chat_format: str | None = None  # how chat backends receive completion prompts
-    run_dir: str | None = None
-    budget_tokens: int | None = None
-    budget_usd: float | None = None
-    deadline: str | None = None  # wall-clock limit: "8h", "90m", "3600s", or an ISO time
-    step_timeout_s: float = 120.0
-    generate_per_type: int = 1  # games per type when generating the default game set
-    backend_options: Mapping[str, Any] = field(default_factory=dict)
-    # serve a vllm: model for the run (experiments/serve.py); the command is a template
-    serve: bool = False
-    serve_command: str | None = None  # default: vllm serve {model} --host {host} --port {port}
-    serve_port: int = 8000  # fixed, so that a resumed run finds its server at the same URL
-    serve_timeout_s: float = 1800.0  # a first start may download the weights
+    """The whole configuration of a run: one section per concern."""
 
-    def __post_init__(self) -> None:
-        if self.agent not in ARMS:
-            raise ConfigError(f"unknown agent {self.agent!r}: use one of {', '.join(ARMS)}")
-        if self.evaluator not in EVALUATORS:
-            raise ConfigError(
-                f"unknown evaluator {self.evaluator!r}: use one of {', '.join(EVALUATORS)}"
-            )
-        if self.env not in ENVS:
-            raise ConfigError(f"unknown env {self.env!r}: use one of {', '.join(ENVS)}")
-        for name in (
-            "trials",
-            "max_steps",
-            "workers",
-            "concurrency",
-            "max_tokens",
-            "reflect_max_tokens",
-        ):
-            if getattr(self, name) < 1:
-                raise ConfigError(
-                    f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}"
-                )
-        if self.memory_size < 0:
-            raise ConfigError(f"memory-size must be >= 0, got {self.memory_size}")
-        if self.games is not None and self.games < 1:
-            raise ConfigError(f"games must be >= 1, got {self.games}")
-        object.__setattr__(self, "task_types", tuple(self.task_types))
-        object.__setattr__(self, "game_ids", tuple(self.game_ids))
-        object.__setattr__(self, "backend_options", dict(self.backend_options))
+    models: ModelConfig = field(default_factory=ModelConfig)
+    protocol: ProtocolConfig = field(default_factory=ProtocolConfig)
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+    gameset: GamesConfig = field(default_factory=GamesConfig)
+    execution: ExecutionConfig = field(default_factory=ExecutionConfig)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+    server: ServeConfig = field(default_factory=ServeConfig)
 
-    @property
-    def actor_model(self) -> str:
-        return self.model
+    @classmethod
+    def of(cls, **values: Any) -> RunConfig:
+        """A config from leaf keys (``RunConfig.of(model="scripted:expert", trials=2)``)."""
+        return from_mapping(values, source="RunConfig.of")
 
-    @property
-    def reflector_model(self) -> str:
-        return self.reflect_model or self.model
+    def replace(self, **values: Any) -> RunConfig:
+        """A copy with some leaves changed (validated like any other config)."""
+        return from_mapping({**self.to_dict(), **values}, source="replace")
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["task_types"] = list(self.task_types)
-        d["game_ids"] = list(self.game_ids)
-        return d
+        """Every leaf by name (flat: leaf names are unique): the manifest's ``config``."""
+        out: dict[str, Any] = {}
+        for section in SECTIONS:
+            for name in LEAVES_BY_SECTION[section]:
+                value = getattr(getattr(self, section), name)
+                out[name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    def to_tree(self) -> dict[str, dict[str, Any]]:
+        """The same, by section (``--verbose`` prints it)."""
+        flat = self.to_dict()
+        return {s: {n: flat[n] for n in LEAVES_BY_SECTION[s]} for s in SECTIONS}
 
 
-FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
+SECTION_TYPES: dict[str, type] = {f.name: f.default_factory for f in dataclasses.fields(RunConfig)}  # type: ignore[misc]
+SECTIONS = tuple(SECTION_TYPES)
+LEAVES_BY_SECTION: dict[str, tuple[str, ...]] = {
+    s: tuple(f.name for f in dataclasses.fields(t)) for s, t in SECTION_TYPES.items()
+}
+LEAVES: dict[str, tuple[str, dataclasses.Field[Any]]] = {
+    f.name: (s, f) for s, t in SECTION_TYPES.items() for f in dataclasses.fields(t)
+}
+RESUMABLE_KEYS = frozenset(n for n, (_, f) in LEAVES.items() if f.metadata["resumable"])
+
+
+def _hints(section: str) -> dict[str, Any]:
+    return typing.get_type_hints(SECTION_TYPES[section])
+
+
+def _base_type(hint: Any) -> Any:
+    """int for ``int | None``, tuple for ``tuple[str, ...]``, ..."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    origin = typing.get_origin(hint)
+    if origin is typing.Union or (origin is not None and type(None) in typing.get_args(hint)):
+        return _base_type(args[0])
+    return origin or hint
+
+
+def _unknown(key: str, known: list[str], source: str, where: str = "") -> ConfigError:
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f": did you mean {close[0]!r}?" if close else f" (known: {', '.join(sorted(known))})"
+    return ConfigError(f"{source}: unknown key {where}{key!r}{hint}")
+
+
+def _coerce(name: str, value: Any, source: str) -> Any:
+    section, f = LEAVES[name]
+    kind = _base_type(_hints(section)[name])
+    if value is None:
+        return None
+    try:
+        if kind is bool and not isinstance(value, bool):
+            raise TypeError
+        if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            else:
+                raise TypeError
+        if kind is float and not isinstance(value, bool):
+            value = float(value)
+        if kind is str:
+            value = str(value)
+        if kind is tuple:
+            value = (value,) if isinstance(value, str) else tuple(str(v) for v in value)
+        if kind is dict:
+            value = dict(value)
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"{source}: {name} must be {getattr(kind, '__name__', kind)}, got {value!r}"
+        ) from None
+    meta = f.metadata
+    if meta["choices"] and value not in meta["choices"]:
+        raise ConfigError(
+            f"{source}: unknown {name} {value!r}: use one of {', '.join(meta['choices'])}"
+        )
+    if meta["minimum"] is not None and isinstance(value, int | float) and value < meta["minimum"]:
+        low = meta["minimum"]
+        raise ConfigError(f"{source}: {name.replace('_', '-')} must be >= {low:g}, got {value}")
+    return value
+
+
+def flatten(values: Mapping[str, Any], source: str = "config") -> dict[str, Any]:
+    """Leaf keys from a mapping of leaf keys and/or sections; unknown keys are errors that name
+    the closest known key."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        name = str(key).replace("-", "_")
+        if name in SECTION_TYPES and isinstance(value, Mapping):
+            for sub, v in value.items():
+                leaf = str(sub).replace("-", "_")
+                if leaf not in LEAVES_BY_SECTION[name]:
+                    raise _unknown(leaf, list(LEAVES_BY_SECTION[name]), source, f"{name}.")
+                out[leaf] = v
+            continue
+        if name not in LEAVES:
+            raise _unknown(name, [*LEAVES, *SECTIONS], source)
+        out[name] = value
+    return out
 
 
 def from_mapping(values: Mapping[str, Any], source: str = "config") -> RunConfig:
-    """A RunConfig from a mapping; unknown keys (with '-' or '_') are errors."""
-    clean: dict[str, Any] = {}
-    for key, value in values.items():
-        name = str(key).replace("-", "_")
-        if name not in FIELDS:
-            raise ConfigError(f"{source}: unknown key {key!r} (known: {', '.join(sorted(FIELDS))})")
-        clean[name] = value
-    try:
-        return RunConfig(**clean)
-    except TypeError as exc:
-        raise ConfigError(f"{source}: {exc}") from None
+    """A RunConfig from leaf keys and/or sections (``-`` or ``_``); checked leaf by leaf."""
+    flat = {n: _coerce(n, v, source) for n, v in flatten(values, source).items()}
+    sections = {
+        s: SECTION_TYPES[s](**{n: flat[n] for n in LEAVES_BY_SECTION[s] if n in flat})
+        for s in SECTIONS
+    }
+    return RunConfig(**sections)
 
 
 def load_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -139,88 +344,80 @@ def load_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
     return data
 
 
+def data_root(cfg: RunConfig) -> str | None:
+    """The ALFWorld data root of a run: ``data``, else ``$ALFWORLD_DATA`` (the one place the
+    variable is read for runs), else None (generated games)."""
+    return cfg.gameset.data or os.environ.get("ALFWORLD_DATA") or None
+
+
+# -- the command line ---------------------------------------------------------------------------
+class _KeyValue(argparse.Action):
+    """``--backend-option KEY=VALUE`` (repeatable): values are read as YAML scalars."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
+        import yaml
+
+        key, sep, raw = str(values).partition("=")
+        if not sep or not key:
+            parser.error(f"{option_string} takes KEY=VALUE, got {values!r}")
+        current = dict(getattr(namespace, self.dest) or {})
+        current[key.strip()] = yaml.safe_load(raw)
+        setattr(namespace, self.dest, current)
+
+
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``run`` flags. Defaults are None so that only flags given override the file."""
-    a = parser.add_argument
-    a(
+    """The ``run`` flags, one per config leaf, grouped by section. Defaults are None, so only
+    the flags given override a file or a resumed run."""
+    parser.add_argument(
         "--config",
         help="YAML file of config keys, or a preset name (paper, scale, scale-cpu, ...): "
         "flags override it",
     )
-    a(
-        "--model",
-        help="model spec: embedded[:gemma3-270m|smollm2-135m], vllm:ID, openai:MODEL, anthropic:MODEL, hf:ID, llamacpp:PATH, scripted:expert|random|learner|replay:DIR",
-    )
-    a("--base-url", help="OpenAI-compatible server URL (vllm serve, llama.cpp server)")
-    a("--reflect-model", help="model spec for self-reflection (default: the actor's)")
-    a(
-        "--agent",
-        choices=ARMS,
-        help="arm: react (resampling baseline), reflexion, reflexion+explore",
-    )
-    a("--evaluator", choices=EVALUATORS, help="paper (default), code, or llm")
-    a("--env", choices=ENVS, help="alfworld (default) or textworld")
-    a("--data", help="ALFWorld data root (default: $ALFWORLD_DATA, else generated games)")
-    a("--split", help="train, eval_in_distribution, eval_out_of_distribution")
-    a("--games", type=int, help="play the first N games of the split (sorted by id)")
-    a("--game", dest="game_ids", action="append", help="a game id to play (repeatable)")
-    a("--task-types", nargs="+", help="put clean heat cool examine puttwo")
-    a("--trials", type=int, help="number of trials")
-    a("--memory-size", type=int, help="reflections shown to the actor (Omega)")
-    a("--max-steps", type=int, help="step cap per episode")
-    a(
-        "--count-thoughts",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="thoughts use up the step budget (the originals: yes)",
-    )
-    a("--workers", type=int, help="env worker processes")
-    a("--concurrency", type=int, help="episodes in flight")
-    a("--seed", type=int)
-    a("--temperature", type=float)
-    a("--max-tokens", type=int)
-    a(
-        "--grounding",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="rewrite put X in/on Y to move X to Y",
-    )
-    a("--prompts", help="an original ReAct prompt file (JSON of react_<type>_<k> transcripts)")
-    a("--chat-format", help="how chat backends receive completion prompts")
-    a("--run-dir", help="where the run is written (default: runs/<time>-<model>-<arm>)")
-    a("--budget-tokens", type=int, help="stop cleanly after this many tokens")
-    a("--budget-usd", type=float, help="stop cleanly after this cost")
-    a("--deadline", help="stop cleanly after this wall time (e.g. 8h, 90m) or at an ISO time")
-    a(
-        "--serve",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="start `vllm serve` for the vllm: model, restart it if it dies, stop it at the end",
-    )
-    a(
-        "--serve-command",
-        help="server command template with {model} {host} {port} {python} "
-        "(default: vllm serve {model} --host {host} --port {port})",
-    )
-    a("--serve-port", type=int, help="port of the served model on 127.0.0.1 (default 8000)")
+    for section in SECTIONS:
+        doc = (SECTION_TYPES[section].__doc__ or "").strip()
+        group = parser.add_argument_group(f"{section} ({section}: in YAML)", doc)
+        hints = _hints(section)
+        for f in dataclasses.fields(SECTION_TYPES[section]):
+            meta = f.metadata
+            flag = meta["flag"] or "--" + f.name.replace("_", "-")
+            kind = _base_type(hints[f.name])
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            text = f"{meta['help']} (default: {default!r})"
+            kw: dict[str, Any] = {"dest": f.name, "help": text, "default": None}
+            if kind is bool:
+                kw["action"] = argparse.BooleanOptionalAction
+            elif kind is tuple:
+                kw["action"] = "append" if meta["flag"] else "extend"
+                if not meta["flag"]:
+                    kw["nargs"] = "+"
+            elif kind is dict:
+                kw["action"] = _KeyValue
+                kw["metavar"] = "KEY=VALUE"
+            else:
+                kw["type"] = kind if kind in (int, float) else str
+                if meta["choices"]:
+                    kw["choices"] = meta["choices"]
+            group.add_argument(flag, **kw)
+    a = parser.add_argument
     a("--resume", metavar="DIR", help="continue the run in DIR")
     a("--force", action="store_true", help="resume even if the manifest does not match")
     a("--dry-run", action="store_true", help="print the resolved plan and exit")
+    a("--verbose", action="store_true", help="print the whole resolved config at start")
 
 
-_NOT_CONFIG = {"config", "resume", "force", "dry_run", "handler", "command"}
+def flag_values(args: argparse.Namespace) -> dict[str, Any]:
+    """The config leaves given as flags."""
+    return {k: v for k, v in vars(args).items() if k in LEAVES and v is not None}
 
 
 def resolve(args: argparse.Namespace, base: Mapping[str, Any] | None = None) -> RunConfig:
     """Merge: defaults < base (e.g. a resumed manifest) < YAML file < flags given."""
-    values: dict[str, Any] = dict(base or {})
+    values: dict[str, Any] = flatten(dict(base or {}), "resumed run")
+    source = getattr(args, "config", None) or "flags"
     if getattr(args, "config", None):
-        values.update(load_yaml(args.config))
-    for key, value in vars(args).items():
-        if key in _NOT_CONFIG or value is None:
-            continue
-        values[key] = value
-    return from_mapping(values, source=getattr(args, "config", None) or "flags")
+        values.update(flatten(load_yaml(args.config), str(args.config)))
+    values.update(flag_values(args))
+    return from_mapping(values, source=source)
 
 
 def parse_deadline(value: str | None, start: float) -> float | None:

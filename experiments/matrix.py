@@ -32,7 +32,6 @@ would generate on first use (which the dry run does not generate).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -41,19 +40,24 @@ import sys
 import time
 import traceback
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from experiments.config import RunConfig, from_mapping, load_yaml, parse_deadline
+from experiments.config import (
+    RunConfig,
+    data_root,
+    flatten,
+    from_mapping,
+    load_yaml,
+    parse_deadline,
+)
 from experiments.errors import ConfigError, RunStoreError
 
 STATE_FILE = "matrix.json"
 PRESET_KEYS = {"description", "extends", "needs_data", "base", "jobs"}
-# Not config keys: the CLI's own flags.
-NOT_FLAGS = {"config", "resume", "force", "dry_run", "handler", "command"}
 # The sizes of ALFWorld's splits (protocol facts), for plans made without the games.
 SPLIT_SIZES = {"eval_out_of_distribution": 134, "eval_in_distribution": 140, "train": 3553}
 _JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
@@ -187,16 +191,12 @@ def _parse_jobs(preset: str, raw: Any) -> tuple[Job, ...]:
     return tuple(jobs)
 
 
-def flag_values(args: argparse.Namespace) -> dict[str, Any]:
-    """The config keys given as flags (None = not given)."""
-    return {k: v for k, v in vars(args).items() if k not in NOT_FLAGS and v is not None}
-
-
 def job_config(
     preset: Preset, job: Job, flags: Mapping[str, Any], run_dir: Path, start: float | None = None
 ) -> RunConfig:
     """A job's resolved config: defaults < base < job < flags; its run dir under ``run_dir``."""
-    values: dict[str, Any] = {**preset.base, **job.overrides}
+    where = f"preset {preset.name}, job {job.name}"
+    values: dict[str, Any] = {**flatten(preset.base, where), **flatten(job.overrides, where)}
     if "model" in flags and "backend_options" not in flags:
         if _backend_kind(flags["model"]) != _backend_kind(values.get("model")):
             values.pop("backend_options", None)  # e.g. llama.cpp threads, for a scripted model
@@ -204,16 +204,16 @@ def job_config(
     values["run_dir"] = str(run_dir / job.name)
     if values.get("serve") and "serve" not in flags and not _is_vllm(values.get("model")):
         values["serve"] = False  # e.g. --model scripted:expert on a served preset
-    cfg = from_mapping(values, source=f"preset {preset.name}, job {job.name}")
-    if cfg.serve:
+    cfg = from_mapping(values, source=where)
+    if cfg.server.serve:
         from experiments.serve import check_serve
 
         check_serve(cfg)
-    if start is not None and cfg.deadline is not None:
+    if start is not None and cfg.budget.deadline is not None:
         # one deadline for the whole matrix, not a fresh "8h" per job
-        when = parse_deadline(cfg.deadline, start)
+        when = parse_deadline(cfg.budget.deadline, start)
         assert when is not None
-        cfg = replace(cfg, deadline=datetime.fromtimestamp(when).isoformat(timespec="seconds"))
+        cfg = cfg.replace(deadline=datetime.fromtimestamp(when).isoformat(timespec="seconds"))
     return cfg
 
 
@@ -232,25 +232,28 @@ def default_matrix_dir(preset: Preset) -> Path:
 # -- plans ---------------------------------------------------------------------------------------
 def plan_job(cfg: RunConfig, needs_data: bool = False) -> dict[str, Any]:
     """``runner.plan`` when the games are there; otherwise a plan that says what is missing."""
-    from experiments.runner import estimated_plan, plan
+    from experiments.runner import dry_run_plan, estimated_plan
 
     missing = _games_not_present(cfg, needs_data)
     if missing is None:
-        out = plan(cfg)
+        out = dry_run_plan(cfg)
     else:
         n, note = missing
         out = estimated_plan(cfg, n)
         out["games_note"] = note
-    if cfg.serve:
+    if cfg.server.serve:
         from experiments.serve import DEFAULT_COMMAND, HOST, served_model, server_argv
 
         words = server_argv(
-            cfg.serve_command or DEFAULT_COMMAND, served_model(cfg), HOST, cfg.serve_port
+            cfg.server.serve_command or DEFAULT_COMMAND,
+            served_model(cfg),
+            HOST,
+            cfg.server.serve_port,
         )
         out["serve"] = {
             "command": shlex.join(words),
-            "url": f"http://{HOST}:{cfg.serve_port}/v1",
-            "log": str(Path(cfg.run_dir or ".") / "server.log"),
+            "url": f"http://{HOST}:{cfg.server.serve_port}/v1",
+            "log": str(Path(cfg.execution.run_dir or ".") / "server.log"),
         }
     return out
 
@@ -260,29 +263,34 @@ def _games_not_present(cfg: RunConfig, needs_data: bool) -> tuple[int, str] | No
     from envs.discovery import SPLITS, TASK_TYPES
     from experiments.runner import generated_games_dir, textworld_cache_dir
 
-    if cfg.env == "textworld":
-        if cfg.data is not None or (textworld_cache_dir(cfg) / ".complete").is_file():
+    if cfg.gameset.env == "textworld":
+        if cfg.gameset.data is not None or (textworld_cache_dir(cfg) / ".complete").is_file():
             return None
-        n = len(cfg.game_ids) or max(cfg.games or 3, 1)
-        return n, f"{n} TextWorld games generated on first run (seed {cfg.seed}; not made yet)"
-    if cfg.data or os.environ.get("ALFWORLD_DATA"):
+        n = len(cfg.gameset.game_ids) or max(cfg.gameset.games or 3, 1)
+        return (
+            n,
+            f"{n} TextWorld games generated on first run (seed {cfg.protocol.seed}; not made yet)",
+        )
+    if data_root(cfg):
         return None
     if needs_data:
-        total = SPLIT_SIZES.get(cfg.split)
-        n = len(cfg.game_ids) or min(cfg.games or total or 0, total or cfg.games or 0)
+        total = SPLIT_SIZES.get(cfg.gameset.split)
+        n = len(cfg.gameset.game_ids) or min(
+            cfg.gameset.games or total or 0, total or cfg.gameset.games or 0
+        )
         return n, (
-            f"{n} games of {cfg.split} (data not present: set $ALFWORLD_DATA or pass --data DIR)"
+            f"{n} games of {cfg.gameset.split} (data not present: set $ALFWORLD_DATA or pass --data DIR)"
         )
     root = generated_games_dir(cfg)
-    if (root / SPLITS.get(cfg.split, cfg.split) / ".complete").is_file():
+    if (root / SPLITS.get(cfg.gameset.split, cfg.gameset.split) / ".complete").is_file():
         return None
-    made = len(set(TASK_TYPES.values())) * cfg.generate_per_type
-    if cfg.task_types:
-        made = len(cfg.task_types) * cfg.generate_per_type
-    n = len(cfg.game_ids) or min(cfg.games or made, made)
+    made = len(set(TASK_TYPES.values())) * cfg.gameset.generate_per_type
+    if cfg.gameset.task_types:
+        made = len(cfg.gameset.task_types) * cfg.gameset.generate_per_type
+    n = len(cfg.gameset.game_ids) or min(cfg.gameset.games or made, made)
     return n, (
-        f"{n} of the {made} games of {cfg.split} generated on first run "
-        f"({cfg.generate_per_type} per task type, seed {cfg.seed}) into {root}"
+        f"{n} of the {made} games of {cfg.gameset.split} generated on first run "
+        f"({cfg.gameset.generate_per_type} per task type, seed {cfg.protocol.seed}) into {root}"
     )
 
 
@@ -423,8 +431,8 @@ def run_matrix(
     state["flags"] = {k: v for k, v in dict(flags).items() if k != "run_dir"}
     start = time.time()
     configs = [(job, job_config(preset, job, flags, root, start)) for job in preset.jobs]
-    if preset.needs_data and not os.environ.get("ALFWORLD_DATA"):
-        if not all(cfg.data or cfg.env != "alfworld" for _, cfg in configs):
+    if preset.needs_data:
+        if not all(data_root(cfg) or cfg.gameset.env != "alfworld" for _, cfg in configs):
             raise ConfigError(
                 f"preset {preset.name} plays the real ALFWorld games of "
                 f"{configs[0][1].split}: set $ALFWORLD_DATA or pass --data DIR "
@@ -454,14 +462,14 @@ def _run_jobs(
 
     try:
         for job, cfg in configs:
-            job_dir = Path(str(cfg.run_dir))
+            job_dir = Path(str(cfg.execution.run_dir))
             record = results.setdefault(job.name, {})
-            record.update(run_dir=str(job_dir), model=cfg.model, arm=cfg.agent)
+            record.update(run_dir=str(job_dir), model=cfg.models.model, arm=cfg.protocol.agent)
             status = job_status(job_dir)
             if status == "complete":
                 record["status"] = "complete"
                 continue
-            deadline = parse_deadline(cfg.deadline, start)
+            deadline = parse_deadline(cfg.budget.deadline, start)
             if deadline is not None and time.time() >= deadline:
                 record.update(status="pending", note="deadline reached before it started")
                 continue
@@ -469,10 +477,10 @@ def _run_jobs(
             record.pop("error", None)
             record.pop("traceback", None)
             _write_state(root, state)
-            _say(f"matrix {preset.name}: job {job.name} ({cfg.model}, {cfg.agent})")
+            _say(f"matrix {preset.name}: job {job.name} ({cfg.models.model}, {cfg.protocol.agent})")
             job_resume = str(job_dir) if status == "unfinished" else None
             try:
-                if cfg.serve:
+                if cfg.server.serve:
                     from experiments.runner import select_games
                     from experiments.serve import run_served
 

@@ -1,11 +1,12 @@
-"""Set up and run one experiment: games, model, env pool, run store, manifest, budgets, resume."""
+"""One run: ``prepare(config) -> Plan`` (games, run dir, backends and manifest, resolved once)
+and ``execute(plan)`` (env pool, engine, trial loop, run store, budgets, resume)."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
-import os
 import platform
 import subprocess
 import sys
@@ -13,35 +14,25 @@ import time
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from agents.evaluators import make_evaluator
 from agents.llm import make_backend
 from agents.llm.base import Backend, GenerationConfig
 from agents.parsing import GroundingRules
 from agents.prompting import template_hashes
-from experiments.config import RunConfig, parse_deadline
+from agents.react import ActorSettings, ReActAgent
+from agents.reflexion import ReflexionSettings
+from envs.aio import AsyncEnvPool
+from experiments.config import RESUMABLE_KEYS, RunConfig, data_root, parse_deadline
+from experiments.engine import Engine, ModelClient, Usage
 from experiments.errors import ConfigError, RunStoreError
-from experiments.rollout import Rollout, RolloutSettings
 from experiments.store import RunStore
-from experiments.trials import Task, TrialSettings, run_trials
+from experiments.trials import Task, TrialLoop, TrialPlan
 
 log = logging.getLogger("reflexsim.runner")
 
 ACTION_SYNTAX = "alfworld-0.4 (move X to Y; You arrive at <receptacle>)"
-# Keys that may differ between a run and its resume without changing its results. ``trials``
-# too: trial k depends only on trials 0..k-1, so a finished run resumed with more trials plays
-# the extra ones (the manifest records the new count).
-RESUMABLE_KEYS = {
-    "trials",
-    "run_dir",
-    "workers",
-    "concurrency",
-    "deadline",
-    "budget_tokens",
-    "budget_usd",
-    "step_timeout_s",
-}
 DEFAULT_GAMES = Path.home() / ".cache" / "reflexsim" / "games"
 
 
@@ -51,41 +42,45 @@ class GameSet:
     env_kwargs: dict[str, Any]
     tasks: list[Task]
     files: dict[str, Path]  # game id -> file, for hashing
+    source: str = ""  # where the games come from, in words
 
 
 def select_games(cfg: RunConfig) -> GameSet:
     """The games of the run: explicit ids, else the split's first N (sorted by id)."""
-    if cfg.env == "textworld":
+    if cfg.gameset.env == "textworld":
         return _textworld_games(cfg)
     from envs.discovery import discover_games
 
-    data = cfg.data or os.environ.get("ALFWORLD_DATA")
+    data = data_root(cfg)
     if data is None:
         data = str(_generated_default(cfg))
-    records = discover_games(data, cfg.split, list(cfg.task_types) or None)
-    if cfg.game_ids:
+    records = discover_games(data, cfg.gameset.split, list(cfg.gameset.task_types) or None)
+    if cfg.gameset.game_ids:
         by_id = {r.game_id: r for r in records}
-        missing = [g for g in cfg.game_ids if g not in by_id]
+        missing = [g for g in cfg.gameset.game_ids if g not in by_id]
         if missing:
-            raise ConfigError(f"unknown game id {missing[0]!r} in split {cfg.split!r} of {data!r}")
-        records = [by_id[g] for g in cfg.game_ids]
-    elif cfg.games is not None:
-        records = records[: cfg.games]
+            raise ConfigError(
+                f"unknown game id {missing[0]!r} in split {cfg.gameset.split!r} of {data!r}"
+            )
+        records = [by_id[g] for g in cfg.gameset.game_ids]
+    elif cfg.gameset.games is not None:
+        records = records[: cfg.gameset.games]
     from envs.discovery import TASK_TYPES
 
     tasks = [Task(r.game_id, TASK_TYPES[r.task_type]) for r in records]
     kwargs = {
         "data_dir": data,
-        "split": cfg.split,
-        "max_steps": cfg.max_steps,
+        "split": cfg.gameset.split,
+        "max_steps": cfg.protocol.max_steps,
         "games": [t.game for t in tasks],
     }
-    return GameSet("alfworld", kwargs, tasks, {r.game_id: r.path for r in records})
+    source = f"{cfg.gameset.split} of {data}"
+    return GameSet("alfworld", kwargs, tasks, {r.game_id: r.path for r in records}, source)
 
 
 def generated_games_dir(cfg: RunConfig) -> Path:
     """Where the default generated ALFWorld games for this config are kept."""
-    return DEFAULT_GAMES / f"seed{cfg.seed}-n{cfg.generate_per_type}"
+    return DEFAULT_GAMES / f"seed{cfg.protocol.seed}-n{cfg.gameset.generate_per_type}"
 
 
 def _generated_default(cfg: RunConfig) -> Path:
@@ -94,42 +89,46 @@ def _generated_default(cfg: RunConfig) -> Path:
     from envs.discovery import SPLITS
 
     root = generated_games_dir(cfg)
-    marker = root / SPLITS[cfg.split] / ".complete"
+    marker = root / SPLITS[cfg.gameset.split] / ".complete"
     if not marker.is_file():
-        print(
-            f"generating {cfg.generate_per_type} game(s) per task type into {root} ...",
-            file=sys.stderr,
+        log.info(
+            "generating %d game(s) per task type into %s ...", cfg.gameset.generate_per_type, root
         )
-        generate(root, per_type=cfg.generate_per_type, seed=cfg.seed, split=cfg.split)
+        generate(
+            root,
+            per_type=cfg.gameset.generate_per_type,
+            seed=cfg.protocol.seed,
+            split=cfg.gameset.split,
+        )
         marker.write_text("ok\n")
     return root
 
 
 def textworld_cache_dir(cfg: RunConfig) -> Path:
     """Where generated TextWorld games for this config are kept (made on first use)."""
-    return DEFAULT_GAMES / f"textworld-seed{cfg.seed}-n{max(cfg.games or 3, 1)}"
+    return DEFAULT_GAMES / f"textworld-seed{cfg.protocol.seed}-n{max(cfg.gameset.games or 3, 1)}"
 
 
 def _textworld_games(cfg: RunConfig) -> GameSet:
     from envs.textworld_env import discover_textworld_games
 
-    game_dir = cfg.data
+    game_dir = cfg.gameset.data
     if game_dir is None:
         from envs.twgen import generate_textworld_games
 
         root = textworld_cache_dir(cfg)
         n = int(root.name.rsplit("-n", 1)[1])
         if not (root / ".complete").is_file():
-            generate_textworld_games(root, n=n, seed=cfg.seed)
+            generate_textworld_games(root, n=n, seed=cfg.protocol.seed)
             (root / ".complete").write_text("ok\n")
         game_dir = str(root)
     found = discover_textworld_games(Path(game_dir))
-    ids = list(cfg.game_ids) or sorted(found)
-    if cfg.games is not None and not cfg.game_ids:
-        ids = ids[: cfg.games]
+    ids = list(cfg.gameset.game_ids) or sorted(found)
+    if cfg.gameset.games is not None and not cfg.gameset.game_ids:
+        ids = ids[: cfg.gameset.games]
     tasks = [Task(g, "textworld") for g in ids]
-    kwargs = {"game_dir": game_dir, "max_steps": cfg.max_steps}
-    return GameSet("textworld", kwargs, tasks, {g: found[g] for g in ids})
+    kwargs = {"game_dir": game_dir, "max_steps": cfg.protocol.max_steps}
+    return GameSet("textworld", kwargs, tasks, {g: found[g] for g in ids}, f"TextWorld {game_dir}")
 
 
 def _file_hash(path: Path) -> str:
@@ -159,7 +158,7 @@ def _git_commit() -> str | None:
 
 
 def build_manifest(
-    cfg: RunConfig, games: GameSet, actor: Backend, reflector: Backend
+    cfg: RunConfig, games: GameSet, actor: Backend, reflector: Backend, data: str | None
 ) -> dict[str, Any]:
     def describe(b: Backend) -> Any:
         fn = getattr(b, "describe", None)
@@ -167,16 +166,17 @@ def build_manifest(
 
     return {
         "config": cfg.to_dict(),
+        "data_root": data,
         "versions": _versions(),
         "git_commit": _git_commit(),
         "action_syntax": ACTION_SYNTAX,
         "games": {g: _file_hash(p) for g, p in sorted(games.files.items())},
         "prompt_templates": template_hashes(),
-        "prompts_file": _file_hash(Path(cfg.prompts)) if cfg.prompts else None,
+        "prompts_file": _file_hash(Path(cfg.protocol.prompts)) if cfg.protocol.prompts else None,
         "actor": describe(actor),
         "reflector": describe(reflector),
         "generation": generation_config(cfg).__dict__,
-        "seed": cfg.seed,
+        "seed": cfg.protocol.seed,
         "hostname": platform.node(),
         "python": sys.version.split()[0],
         "started_at": time.time(),
@@ -184,11 +184,17 @@ def build_manifest(
 
 
 def manifest_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """What changed between a run's manifest and a resume's, beyond the resumable keys."""
     diffs = []
     old_cfg, new_cfg = old.get("config", {}), new.get("config", {})
+    defaults = RunConfig().to_dict()
     for key in sorted(set(old_cfg) | set(new_cfg)):
-        if key not in RESUMABLE_KEYS and old_cfg.get(key) != new_cfg.get(key):
-            diffs.append(f"{key}: {old_cfg.get(key)!r} -> {new_cfg.get(key)!r}")
+        if key in RESUMABLE_KEYS:
+            continue
+        # a key a newer version added reads as its default in an older manifest
+        was, now = old_cfg.get(key, defaults.get(key)), new_cfg.get(key, defaults.get(key))
+        if was != now:
+            diffs.append(f"{key}: {was!r} -> {now!r}")
     for key in ("games", "prompt_templates", "prompts_file", "action_syntax"):
         if old.get(key) != new.get(key):
             diffs.append(f"{key} changed")
@@ -197,108 +203,97 @@ def manifest_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 def generation_config(cfg: RunConfig) -> GenerationConfig:
     return GenerationConfig(
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
-        max_tokens=cfg.max_tokens,
+        temperature=cfg.models.temperature,
+        top_p=cfg.models.top_p,
+        max_tokens=cfg.models.max_tokens,
         stop=("\n",),
-        seed=cfg.seed,
+        seed=cfg.protocol.seed,
     )
 
 
 def default_run_dir(cfg: RunConfig) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    model = "".join(c if c.isalnum() or c in "-_." else "_" for c in cfg.model)[:40]
-    return Path("runs") / f"{stamp}-{model}-{cfg.agent.replace('+', '_')}"
+    model = "".join(c if c.isalnum() or c in "-_." else "_" for c in cfg.models.model)[:40]
+    return Path("runs") / f"{stamp}-{model}-{cfg.protocol.agent.replace('+', '_')}"
 
 
 def _backend_options(cfg: RunConfig) -> dict[str, Any]:
-    options = dict(cfg.backend_options)
-    if cfg.base_url:
-        options["base_url"] = cfg.base_url
-    if cfg.chat_format:
-        options["chat_format"] = cfg.chat_format
+    options = dict(cfg.models.backend_options)
+    if cfg.models.base_url:
+        options["base_url"] = cfg.models.base_url
+    if cfg.models.chat_format:
+        options["chat_format"] = cfg.models.chat_format
     return options
 
 
 def make_backends(cfg: RunConfig) -> tuple[Backend, Backend]:
-    actor = make_backend(cfg.model, **_backend_options(cfg))
-    if cfg.reflector_model == cfg.model:
+    actor = make_backend(cfg.models.model, **_backend_options(cfg))
+    if cfg.models.reflector == cfg.models.model:
         return actor, actor
-    return actor, make_backend(cfg.reflector_model, **_backend_options(cfg))
+    try:
+        return actor, make_backend(cfg.models.reflector, **_backend_options(cfg))
+    except BaseException:
+        actor.close()
+        raise
 
 
-class _Budget:
-    """Stops the run cleanly on a token, cost or wall-clock budget."""
-
-    def __init__(self, cfg: RunConfig, store: RunStore, rollout: Rollout) -> None:
-        self.cfg = cfg
-        self.store = store
-        self.rollout = rollout
-        self.start_tokens = (
-            sum(store.token_totals().values()) if cfg.budget_tokens or cfg.budget_usd else 0
-        )
-        self.deadline = parse_deadline(cfg.deadline, time.time())
-
-    def __call__(self) -> str | None:
-        if self.deadline is not None and time.time() >= self.deadline:
-            return f"deadline {self.cfg.deadline} reached"
-        if self.cfg.budget_tokens is not None:
-            used = self.store_tokens()
-            if used >= self.cfg.budget_tokens:
-                return f"token budget {self.cfg.budget_tokens} reached ({used})"
-        if self.cfg.budget_usd is not None:
-            cost = run_cost(self.store, self.cfg)
-            if cost >= self.cfg.budget_usd:
-                return f"cost budget ${self.cfg.budget_usd} reached (${cost:.4f})"
-        return None
-
-    def store_tokens(self) -> int:
-        totals = self.store.token_totals()
-        return totals["prompt"] + totals["completion"]
-
-
-def run_cost(store: RunStore, cfg: RunConfig) -> float:
+def run_cost(usage_prompt: int, usage_completion: int, cached: int, model: str) -> float:
     try:
         from agents.llm.pricing import cost_usd
     except ImportError:
         return 0.0
-    t = store.token_totals()
-    return float(cost_usd(cfg.model, t["prompt"], t["completion"], t["cached_prompt"]))
+    return float(cost_usd(model, usage_prompt, usage_completion, cached))
 
 
-class _Progress:
-    """Episodes done per trial, success so far, tokens; silent when stderr is not a terminal."""
+class Budget:
+    """Stops the run cleanly on a token, cost or wall-clock budget (checked before each call)."""
 
-    def __init__(self, store: RunStore, total_tasks: int) -> None:
-        self.store = store
-        self.total = total_tasks
-        self.bar: Any = None
-        self.enabled = sys.stderr.isatty()
-        self.trial = 0
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg.budget
+        self.model = cfg.models.model
+        self.deadline = parse_deadline(cfg.budget.deadline, time.time())
 
-    def on_trial(self, trial: int, n: int) -> None:
-        self.close()
-        self.trial = trial
-        if self.enabled:
-            from tqdm import tqdm
+    def __call__(self, usage: Usage) -> str | None:
+        if self.deadline is not None and time.time() >= self.deadline:
+            return f"deadline {self.cfg.deadline} reached"
+        if self.cfg.budget_tokens is not None and usage.total >= self.cfg.budget_tokens:
+            return f"token budget {self.cfg.budget_tokens} reached ({usage.total})"
+        if self.cfg.budget_usd is not None:
+            cost = run_cost(usage.prompt, usage.completion, usage.cached_prompt, self.model)
+            if cost >= self.cfg.budget_usd:
+                return f"cost budget ${self.cfg.budget_usd} reached (${cost:.4f})"
+        return None
 
-            self.bar = tqdm(total=n, desc=f"trial {trial}", unit="ep", file=sys.stderr)
-        else:
-            print(f"trial {trial}: {n} episode(s) to play", file=sys.stderr)
 
-    def on_episode(self, episode: str, won: bool) -> None:
-        if self.bar is not None:
-            solved = len({e.game for e in self.store.episodes() if e.won})
-            t = self.store.token_totals()
-            self.bar.set_postfix(
-                solved=f"{solved}/{self.total}", tokens=t["prompt"] + t["completion"]
-            )
-            self.bar.update(1)
+class Progress(Protocol):
+    """What a run reports as it goes (the CLI draws it; library code only calls it)."""
+
+    def begin(self, summary: dict[str, Any]) -> None: ...
+
+    def start(self, tasks: int, episodes_at_most: int, solved: int) -> None: ...
+
+    def episode_done(self, won: bool, tokens: int) -> None: ...
+
+    def task_done(self, won: bool, episodes_saved: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class NoProgress:
+    def begin(self, summary: dict[str, Any]) -> None:
+        pass
+
+    def start(self, tasks: int, episodes_at_most: int, solved: int) -> None:
+        pass
+
+    def episode_done(self, won: bool, tokens: int) -> None:
+        pass
+
+    def task_done(self, won: bool, episodes_saved: int) -> None:
+        pass
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
+        pass
 
 
 LOGGERS = ("reflexsim", "agents", "envs")
@@ -331,107 +326,218 @@ class _RunLog:
         self.handler.close()
 
 
-def run(cfg: RunConfig, resume: str | None = None, force: bool = False) -> Path:
-    """Run (or resume) an experiment; returns the run directory."""
-    from envs.pool import EnvPool, EnvSpec
+@dataclass
+class Plan:
+    """A run resolved once: config, games, run dir, manifest and the model backends."""
 
+    cfg: RunConfig
+    run_dir: Path
+    games: GameSet
+    manifest: dict[str, Any]
+    actor: Backend
+    reflector: Backend
+    resumed: bool
+
+    def close(self) -> None:
+        self.actor.close()
+        if self.reflector is not self.actor:
+            self.reflector.close()
+
+
+def prepare(cfg: RunConfig, resume: str | None = None, force: bool = False) -> Plan:
+    """Resolve a run: its games, run directory, backends and manifest (checked against the
+    recorded one when resuming). Nothing is played yet; :func:`execute` plays it."""
     games = select_games(cfg)
-    run_dir = Path(resume) if resume else Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg)
+    if resume:
+        run_dir = Path(resume)
+    elif cfg.execution.run_dir:
+        run_dir = Path(cfg.execution.run_dir)
+    else:
+        run_dir = default_run_dir(cfg)
+    cfg = cfg.replace(run_dir=str(run_dir))
+    old: dict[str, Any] | None = None
     if resume:
         store = RunStore(run_dir)
-        played = len(store.trials())
-        if cfg.trials < played:
+        try:
+            played = len(store.trials())
+            old = store.get_meta("manifest")
+        finally:
             store.close()
+        if cfg.protocol.trials < played:
             raise RunStoreError(
                 f"the run in {str(run_dir)!r} has started {played} trials: "
                 f"resume with --trials {played} or more"
             )
-    else:
-        if (run_dir / "run.sqlite").exists():
-            raise RunStoreError(
-                f"{str(run_dir)!r} already holds a run: use --resume {run_dir} or another --run-dir"
-            )
-        store = RunStore(run_dir, create=True)
+    elif (run_dir / "run.sqlite").exists():
+        raise RunStoreError(
+            f"{str(run_dir)!r} already holds a run: use --resume {run_dir} or another --run-dir"
+        )
     actor, reflector = make_backends(cfg)
-    manifest = build_manifest(cfg, games, actor, reflector)
-    old = store.get_meta("manifest")
+    manifest = build_manifest(cfg, games, actor, reflector, data_root(cfg))
     if old is not None:
         diffs = manifest_differences(old, manifest)
         if diffs and not force:
+            actor.close()
+            if reflector is not actor:
+                reflector.close()
             raise RunStoreError(
-                f"the run in {str(run_dir)!r} was made with a different setup ({'; '.join(diffs[:3])}): "
-                "resume with the same config, or pass --force"
+                f"the run in {str(run_dir)!r} was made with a different setup "
+                f"({'; '.join(diffs[:3])}): resume with the same config, or pass --force"
             )
-        store.log_event("resume", json.dumps({"differences": diffs, "forced": bool(diffs)}))
-        manifest = {**old, "resumed_at": time.time()}
-        manifest["config"] = {**old.get("config", {}), "trials": cfg.trials}
-    store.set_meta("manifest", manifest)
-    print(
-        json.dumps({"run_dir": str(run_dir), **cfg.to_dict()}, indent=1, default=str),
-        file=sys.stderr,
-    )
+        manifest = {**old, "resumed_at": time.time(), "resume_differences": diffs}
+        manifest["config"] = {
+            **old.get("config", {}),
+            **{k: v for k, v in cfg.to_dict().items() if k in RESUMABLE_KEYS},
+        }
+    return Plan(cfg, run_dir, games, manifest, actor, reflector, resumed=old is not None)
 
-    settings = RolloutSettings(
-        arm=cfg.agent,
-        generation=generation_config(cfg),
-        evaluator=make_evaluator(cfg.evaluator, cfg.count_thoughts),
-        # put X in/on Y -> move X to Y is ALFWorld 0.4's syntax; TextWorld keeps `put`
-        grounding=GroundingRules(put_to_move=cfg.env == "alfworld")
-        if cfg.grounding
-        else GroundingRules.none(),
-        max_steps=cfg.max_steps,
-        count_thoughts=cfg.count_thoughts,
+
+def execute(plan: Plan, progress: Progress | None = None) -> Path:
+    """Play a prepared run to its end (or its budget); returns the run directory. Closes the
+    plan's backends."""
+    try:
+        return asyncio.run(_execute(plan, progress or NoProgress()))
+    finally:
+        plan.close()
+
+
+async def _execute(plan: Plan, progress: Progress) -> Path:
+    from envs.pool import EnvPool, EnvSpec
+
+    cfg, run_dir = plan.cfg, plan.run_dir
+    store = RunStore(run_dir, create=not plan.resumed)
+    if plan.resumed:
+        store.log_event(
+            "resume",
+            json.dumps(
+                {
+                    "differences": plan.manifest.get("resume_differences", []),
+                    "forced": bool(plan.manifest.get("resume_differences")),
+                }
+            ),
+        )
+    store.set_meta("manifest", plan.manifest)
+    (run_dir / "config.yaml").write_text(_yaml(cfg.to_tree()))
+    progress.begin(
+        {
+            "run_dir": str(run_dir),
+            "resumed": plan.resumed,
+            "model": cfg.models.model,
+            "arm": cfg.protocol.agent,
+            "games": len(plan.games.tasks),
+            "game_source": plan.games.source,
+            "trials": cfg.protocol.trials,
+            "concurrency": cfg.execution.concurrency,
+            "workers": cfg.execution.workers,
+            "config_file": str(run_dir / "config.yaml"),
+            "config": cfg.to_tree(),
+        }
     )
-    trial_settings = TrialSettings(
-        arm=cfg.agent,
-        trials=cfg.trials,
-        memory_size=cfg.memory_size,
-        evaluator=cfg.evaluator,
-        reflect_model=cfg.reflector_model,
-        reflect_max_tokens=cfg.reflect_max_tokens,
-        prompts_file=cfg.prompts,
-        seed=cfg.seed,
+    agent = ReActAgent(actor_settings(cfg))
+    trial_plan = TrialPlan(
+        trials=cfg.protocol.trials,
+        reflexion=ReflexionSettings(
+            arm=cfg.protocol.agent,
+            memory_size=cfg.protocol.memory_size,
+            reflect_model=cfg.models.reflector,
+            reflect_max_tokens=cfg.models.reflect_max_tokens,
+            prompts_file=cfg.protocol.prompts,
+            seed=cfg.protocol.seed,
+        ),
+        llm_judge=cfg.evaluation.evaluator == "llm",
     )
-    progress = _Progress(store, len(games.tasks))
+    tasks = plan.games.tasks
     pool = EnvPool(
-        EnvSpec(games.env_kind, games.env_kwargs),
-        workers=cfg.workers,
-        slots=min(cfg.concurrency, max(len(games.tasks), 1)),
-        timeout_s=cfg.step_timeout_s,
+        EnvSpec(plan.games.env_kind, plan.games.env_kwargs),
+        workers=cfg.execution.workers,
+        slots=min(cfg.execution.concurrency, max(len(tasks), 1)),
+        timeout_s=cfg.execution.step_timeout_s,
     )
+    envs = AsyncEnvPool(pool)
+    actor = ModelClient(plan.actor, max_in_flight=cfg.execution.concurrency)
+    reflector = (
+        actor
+        if plan.reflector is plan.actor
+        else ModelClient(plan.reflector, max_in_flight=cfg.execution.concurrency)
+    )
+    engine = Engine(
+        store,
+        actor,
+        envs,
+        arm=cfg.protocol.agent,
+        reflector=reflector,
+        should_stop=Budget(cfg),
+        on_episode_done=lambda spec, end: progress.episode_done(
+            bool(end and end.won), engine.usage.total
+        ),
+    )
+    solved_before = {e.game for e in store.episodes() if e.won}
+    remaining = sum(
+        cfg.protocol.trials - len([e for e in store.episodes() if e.game == t.game])
+        for t in tasks
+        if t.game not in solved_before
+    )
+    progress.start(len(tasks), remaining, len(solved_before))
+
+    def task_done(task: Task, won: bool, trial: int) -> None:
+        if task.game not in solved_before:
+            progress.task_done(won, cfg.protocol.trials - 1 - trial)
+
     started = time.time()
+    stopped: str | None = None
     with _RunLog(run_dir):
         try:
-            rollout = Rollout(actor, pool, store, settings, on_episode_done=progress.on_episode)
-            rollout.should_stop = _Budget(cfg, store, rollout)
-            stopped = run_trials(
-                store, games.tasks, rollout, reflector, trial_settings, progress.on_trial
-            )
+            loop = TrialLoop(store, engine, agent, trial_plan, on_task_done=task_done)
+            stopped = await loop.run(tasks)
         finally:
             progress.close()
+            envs.close()
             pool.close()
             actor.close()
             if reflector is not actor:
                 reflector.close()
             wall = store.get_meta("wall_s", 0.0) + (time.time() - started)
             store.set_meta("wall_s", wall)
+            status = {"stopped": stopped} if stopped else {"complete": True}
+            store.set_meta("status", status)
+            if stopped:
+                store.log_event("budget", str(stopped))
             store.close()
-    status = {"stopped": stopped} if stopped else {"complete": True}
-    _write_status(run_dir, status)
     return run_dir
 
 
-def _write_status(run_dir: Path, status: dict[str, Any]) -> None:
-    store = RunStore(run_dir)
-    try:
-        store.set_meta("status", status)
-        if status.get("stopped"):
-            store.log_event("budget", str(status["stopped"]))
-    finally:
-        store.close()
+def actor_settings(cfg: RunConfig) -> ActorSettings:
+    return ActorSettings(
+        generation=generation_config(cfg),
+        evaluator=make_evaluator(
+            cfg.evaluation.evaluator,
+            count_thoughts=cfg.protocol.count_thoughts,
+            max_actions=cfg.evaluation.max_actions,
+            max_repeats=cfg.evaluation.max_repeats,
+        ),
+        # put X in/on Y -> move X to Y is ALFWorld 0.4's syntax; TextWorld keeps `put`
+        grounding=GroundingRules(put_to_move=cfg.gameset.env == "alfworld")
+        if cfg.protocol.grounding
+        else GroundingRules.none(),
+        max_steps=cfg.protocol.max_steps,
+        count_thoughts=cfg.protocol.count_thoughts,
+    )
 
 
-def plan(cfg: RunConfig) -> dict[str, Any]:
+def _yaml(tree: dict[str, Any]) -> str:
+    import yaml
+
+    return str(yaml.safe_dump(tree, sort_keys=False))
+
+
+def run(
+    cfg: RunConfig, resume: str | None = None, force: bool = False, progress: Progress | None = None
+) -> Path:
+    """Prepare and execute a run (or resume one); returns the run directory."""
+    return execute(prepare(cfg, resume=resume, force=force), progress)
+
+
+def dry_run_plan(cfg: RunConfig) -> dict[str, Any]:
     """What a run would do, without running it (``--dry-run``)."""
     games = select_games(cfg)
     by_type: dict[str, int] = {}
@@ -448,22 +554,24 @@ def plan(cfg: RunConfig) -> dict[str, Any]:
 
 def estimated_plan(cfg: RunConfig, n: int, **games: Any) -> dict[str, Any]:
     """The plan of a run over ``n`` games (``games``: what is known about them)."""
-    reflections = 0 if cfg.agent == "react" else n * (cfg.trials - 1)
+    reflections = 0 if cfg.protocol.agent == "react" else n * (cfg.protocol.trials - 1)
     return {
-        "model": cfg.model,
-        "reflect_model": cfg.reflector_model,
-        "arm": cfg.agent,
-        "evaluator": cfg.evaluator,
-        "env": cfg.env,
+        "model": cfg.models.model,
+        "reflect_model": cfg.models.reflector,
+        "arm": cfg.protocol.agent,
+        "evaluator": cfg.evaluation.evaluator,
+        "env": cfg.gameset.env,
         "games": n,
         **games,
-        "trials": cfg.trials,
-        "max_steps": cfg.max_steps,
-        "memory_size": cfg.memory_size,
+        "trials": cfg.protocol.trials,
+        "max_steps": cfg.protocol.max_steps,
+        "memory_size": cfg.protocol.memory_size,
         "estimated_requests": {
-            "actor_steps_at_most": n * cfg.trials * cfg.max_steps,
+            "actor_steps_at_most": n * cfg.protocol.trials * cfg.protocol.max_steps,
             "reflections_at_most": reflections,
-            "judge_calls_at_most": n * cfg.trials if cfg.evaluator == "llm" else 0,
+            "judge_calls_at_most": n * cfg.protocol.trials
+            if cfg.evaluation.evaluator == "llm"
+            else 0,
         },
         "config": cfg.to_dict(),
     }

@@ -40,7 +40,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -93,10 +93,10 @@ def served_model(cfg: RunConfig) -> str:
     """The model a served run's server must serve (the target of its ``vllm:`` spec)."""
     from agents.llm.specs import parse_spec
 
-    spec = parse_spec(cfg.model)
+    spec = parse_spec(cfg.models.model)
     if spec.kind != "vllm":
         raise ConfigError(
-            f"--serve starts a server for a vllm: model, not {cfg.model!r}: "
+            f"--serve starts a server for a vllm: model, not {cfg.models.model!r}: "
             "use --model vllm:<model>, or drop --serve"
         )
     return spec.target
@@ -105,30 +105,30 @@ def served_model(cfg: RunConfig) -> str:
 def check_serve(cfg: RunConfig) -> None:
     """One-line errors for a served config that cannot work (before anything is started)."""
     served_model(cfg)
-    if cfg.reflect_model and cfg.reflect_model != cfg.model:
+    if cfg.models.reflect_model and cfg.models.reflect_model != cfg.models.model:
         from agents.llm.specs import parse_spec
 
-        if parse_spec(cfg.reflect_model).kind == "vllm":
+        if parse_spec(cfg.models.reflect_model).kind == "vllm":
             raise ConfigError(
-                f"--serve serves one model ({cfg.model}); reflect-model {cfg.reflect_model!r} "
+                f"--serve serves one model ({cfg.models.model}); reflect-model {cfg.models.reflect_model!r} "
                 "must be the same model or an API model"
             )
-    if not 1 <= cfg.serve_port <= 65535:
-        raise ConfigError(f"serve-port must be in 1..65535, got {cfg.serve_port}")
-    if cfg.serve_timeout_s <= 0:
-        raise ConfigError(f"serve-timeout-s must be > 0, got {cfg.serve_timeout_s}")
-    expected = f"http://{HOST}:{cfg.serve_port}/v1"
-    if cfg.base_url and cfg.base_url.rstrip("/") != expected:
+    if not 1 <= cfg.server.serve_port <= 65535:
+        raise ConfigError(f"serve-port must be in 1..65535, got {cfg.server.serve_port}")
+    if cfg.server.serve_timeout_s <= 0:
+        raise ConfigError(f"serve-timeout-s must be > 0, got {cfg.server.serve_timeout_s}")
+    expected = f"http://{HOST}:{cfg.server.serve_port}/v1"
+    if cfg.models.base_url and cfg.models.base_url.rstrip("/") != expected:
         raise ConfigError(
             f"--serve points the run at its own server ({expected}): drop --base-url "
-            f"{cfg.base_url!r}, or drop --serve to use that server"
+            f"{cfg.models.base_url!r}, or drop --serve to use that server"
         )
-    template = cfg.serve_command or DEFAULT_COMMAND
+    template = cfg.server.serve_command or DEFAULT_COMMAND
     if "{port}" not in template:
         raise ConfigError(
             f"serve-command {template!r} must pass the port as {{port}} (e.g. --port {{port}})"
         )
-    server_argv(template, served_model(cfg), HOST, cfg.serve_port)
+    server_argv(template, served_model(cfg), HOST, cfg.server.serve_port)
 
 
 def server_argv(template: str, model: str, host: str, port: int) -> tuple[str, ...]:
@@ -173,26 +173,28 @@ def serve_settings(cfg: RunConfig, log_path: Path, pid_path: Path | None = None)
     """The server of a served config (checked with :func:`check_serve`)."""
     check_serve(cfg)
     model = served_model(cfg)
-    argv = server_argv(cfg.serve_command or DEFAULT_COMMAND, model, HOST, cfg.serve_port)
+    argv = server_argv(
+        cfg.server.serve_command or DEFAULT_COMMAND, model, HOST, cfg.server.serve_port
+    )
     return ServeSettings(
         argv=(_executable(argv[0]), *argv[1:]),
         model=model,
-        port=cfg.serve_port,
+        port=cfg.server.serve_port,
         log_path=log_path,
         pid_path=pid_path or log_path.with_name("server.pid"),
-        startup_timeout_s=cfg.serve_timeout_s,
+        startup_timeout_s=cfg.server.serve_timeout_s,
     )
 
 
 def served_config(cfg: RunConfig, port: int) -> RunConfig:
     """The config the runner gets: the server's URL, and retries that outlast a restart."""
-    options = dict(cfg.backend_options)
+    options = dict(cfg.models.backend_options)
     options.setdefault("api", "completions")
-    options.setdefault("concurrency", max(cfg.concurrency, 8))
+    options.setdefault("concurrency", max(cfg.execution.concurrency, 8))
     options.setdefault("max_retries", RESTART_RETRIES)
     options.setdefault("backoff_max", RESTART_BACKOFF_MAX_S)
-    return replace(
-        cfg, base_url=f"http://{HOST}:{port}/v1", serve_port=port, backend_options=options
+    return cfg.replace(
+        base_url=f"http://{HOST}:{port}/v1", serve_port=port, backend_options=options
     )
 
 
@@ -525,12 +527,19 @@ def run_served(
     resume: str | None = None,
     force: bool = False,
     server: ModelServer | None = None,
+    progress: Any = None,
 ) -> Path:
     """``runner.run`` with the model served: starts (or reuses) the server, stops one it started."""
     from experiments.runner import default_run_dir, run, select_games
 
     check_serve(cfg)
-    run_dir = Path(resume) if resume else Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg)
+    run_dir = (
+        Path(resume)
+        if resume
+        else Path(cfg.execution.run_dir)
+        if cfg.execution.run_dir
+        else default_run_dir(cfg)
+    )
     if not resume and (run_dir / "run.sqlite").exists():
         raise RunStoreError(
             f"{str(run_dir)!r} already holds a run: use --resume {run_dir} or another --run-dir"
@@ -543,8 +552,8 @@ def run_served(
             server = ModelServer(serve_settings(cfg, run_dir / "server.log")).start()
         first_event = len(server.events)
         try:
-            served = served_config(replace(cfg, run_dir=str(run_dir)), server.settings.port)
-            return run(served, resume=resume, force=force)
+            served = served_config(cfg.replace(run_dir=str(run_dir)), server.settings.port)
+            return run(served, resume=resume, force=force, progress=progress)
         finally:
             if own:
                 server.stop()

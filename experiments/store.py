@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.errors import RunStoreError
-from memory.records import Reflection, Step
+from memory.records import ModelCall, Reflection, Step
 
 DB_NAME = "run.sqlite"
 SCHEMA_VERSION = 1
@@ -84,6 +84,20 @@ CREATE TABLE IF NOT EXISTS trials (
     tasks_json TEXT NOT NULL,        -- the tasks this trial ran (the unsolved ones)
     started_at REAL NOT NULL,
     finished_at REAL
+);
+CREATE TABLE IF NOT EXISTS model_calls (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    purpose TEXT NOT NULL,           -- act | reflect | judge | plan | value | ...
+    game TEXT NOT NULL,
+    trial INTEGER NOT NULL,
+    episode_id TEXT,
+    prompt_tokens INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL,
+    cached_tokens INTEGER NOT NULL,
+    latency_s REAL NOT NULL,
+    retries INTEGER NOT NULL,
+    error TEXT,
+    created_at REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -324,6 +338,37 @@ class RunStore:
             "INSERT OR IGNORE INTO trials(trial, tasks_json, started_at) VALUES (?,?,?)",
             (trial, json.dumps(list(tasks)), time.time()),
         )
+
+    def join_trial(self, trial: int, game: str) -> None:
+        """Record that ``game`` runs in trial ``trial`` (tasks advance through trials on their
+        own, so a trial's task list grows as its tasks reach it)."""
+        with self.transaction():
+            row = self.conn.execute(
+                "SELECT tasks_json FROM trials WHERE trial=?", (trial,)
+            ).fetchone()
+            if row is None:
+                self.conn.execute(
+                    "INSERT INTO trials(trial, tasks_json, started_at) VALUES (?,?,?)",
+                    (trial, json.dumps([game]), time.time()),
+                )
+                return
+            tasks = json.loads(row["tasks_json"])
+            if game not in tasks:
+                self.conn.execute(
+                    "UPDATE trials SET tasks_json=? WHERE trial=?",
+                    (json.dumps(sorted([*tasks, game])), trial),
+                )
+
+    def add_model_call(self, call: ModelCall) -> None:
+        """One model call of any purpose, with what it cost."""
+        self.conn.execute(
+            "INSERT INTO model_calls(purpose, game, trial, episode_id, prompt_tokens,"
+            " completion_tokens, cached_tokens, latency_s, retries, error, created_at)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            (call.purpose, call.game, call.trial, call.episode_id, call.prompt_tokens,
+             call.completion_tokens, call.cached_tokens, call.latency_s, call.retries,
+             call.error, time.time()),
+        )  # fmt: skip
 
     def finish_trial(self, trial: int) -> None:
         self.conn.execute("UPDATE trials SET finished_at=? WHERE trial=?", (time.time(), trial))

@@ -1,32 +1,28 @@
-"""The trial loop of Reflexion: run the unsolved tasks, reflect on failures, repeat.
+"""The trial loop of Reflexion: every task advances through its own trials.
 
-Trial k re-runs only the tasks not solved in trials 0..k-1; success at trial k is cumulative.
-Arms: ``react`` re-runs failed tasks without memory (the resampling baseline), ``reflexion`` shows
-the last Ω reflections, ``reflexion+explore`` also shows what earlier trials found in each place.
+Trial k of a task runs only if the task is unsolved after trials 0..k-1; success at trial k is
+cumulative. A task's trial k+1 needs only its own trial k (and that trial's reflection), so each
+task is a chain of its own: play, judge (LLM evaluator arm), reflect, play again. No task waits
+for another's trial to end, so the engine stays busy until the last task is done. This module
+only plans and saves: the agents play, judge and reflect (``agents/``), the engine runs them.
 Everything is read back from the run store, so a resumed run picks up exactly where it stopped.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from agents.explore import extract_facts
-from agents.llm.base import Backend, BackendError, GenerationConfig, Request
-from agents.prompting import (
-    actor_prefix,
-    example_texts,
-    judge_prompt,
-    parse_judge,
-    reflection_prompt,
-    sha256,
-)
-from experiments.rollout import EpisodeJob, Rollout
+from agents import reflexion
+from agents.episode import Agent, EpisodeSpec
+from agents.llm.base import BackendError, Completion, Request
+from agents.reflexion import ReflexionSettings
+from experiments.engine import Engine, StopRun
 from experiments.store import EpisodeRow, RunStore, episode_id
-from memory.records import EpisodeStatus, ExplorationFact, Reflection
-from memory.window import TaskMemory
+from memory.records import EpisodeStatus, Reflection
 
 log = logging.getLogger("reflexsim.trials")
 
@@ -38,205 +34,201 @@ class Task:
 
 
 @dataclass(frozen=True)
-class TrialSettings:
-    arm: str
+class TrialPlan:
+    """What the trial loop needs beyond the agent: how many trials, and the arm's settings."""
+
     trials: int
-    memory_size: int
-    evaluator: str
-    reflect_model: str
-    reflect_max_tokens: int = 256
-    prompts_file: str | None = None
-    seed: int = 0
+    reflexion: ReflexionSettings
+    llm_judge: bool = False  # the LLM evaluator arm: judge every finished episode
 
 
-def solved_before(store: RunStore, trial: int) -> set[str]:
-    return {e.game for e in store.episodes() if e.won and e.trial < trial}
+class _TaskHalted(Exception):
+    """A task cannot go on in this run (a harness failure); --resume continues it."""
 
 
-def task_memory(store: RunStore, game: str, trial: int, size: int) -> TaskMemory:
-    memory = TaskMemory(task=game, size=size)
-    for r in store.reflections(game):
-        if r.trial < trial:
-            memory.add(r)
-    return memory
+class TrialLoop:
+    """Runs every task's chain of trials on one engine; see the module docstring."""
 
+    def __init__(
+        self,
+        store: RunStore,
+        engine: Engine,
+        agent: Agent,
+        plan: TrialPlan,
+        on_task_done: Callable[[Task, bool, int], None] = lambda task, won, trial: None,
+    ) -> None:
+        self.store = store
+        self.engine = engine
+        self.agent = agent
+        self.plan = plan
+        self.on_task_done = on_task_done
+        self._at: dict[str, float] = {}  # each task's current trial (inf when done)
+        self._open_trials: set[int] = set()
 
-def exploration_facts(store: RunStore, game: str, trial: int) -> list[ExplorationFact]:
-    memory = TaskMemory(task=game)
-    for e in store.episodes():
-        if e.game == game and e.trial < trial:
-            for fact in extract_facts(store.steps(e.episode_id), e.trial):
-                memory.observe(fact)
-    return memory.known_places()
+    async def run(self, tasks: Sequence[Task]) -> str | None:
+        """All tasks' trials; None when complete, or why the run stopped early."""
+        for t in tasks:
+            self._at[t.game] = 0
+        chains = [asyncio.ensure_future(self._chain(t)) for t in tasks]
+        try:
+            done = await asyncio.gather(*chains, return_exceptions=True)
+        finally:
+            for c in chains:
+                c.cancel()
+        stops = [d for d in done if isinstance(d, StopRun)]
+        for d in done:
+            if isinstance(d, BaseException) and not isinstance(d, StopRun | _TaskHalted):
+                raise d
+        return stops[0].reason if stops else None
 
+    # -- one task ---------------------------------------------------------------------------------
+    async def _chain(self, task: Task) -> None:
+        try:
+            await self._trials(task)
+        except StopRun:
+            self._stop_all()
+            raise
+        finally:
+            self._advance(task, float("inf"))
 
-def build_job(store: RunStore, task: Task, trial: int, settings: TrialSettings) -> EpisodeJob:
-    reflections: list[Reflection] = []
-    facts: list[ExplorationFact] = []
-    if settings.arm != "react":
-        reflections = task_memory(store, task.game, trial, settings.memory_size).visible()
-    if settings.arm == "reflexion+explore":
-        facts = exploration_facts(store, task.game, trial)
-    prefix = actor_prefix(example_texts(task.task_type, settings.prompts_file), reflections, facts)
-    return EpisodeJob(
-        episode_id=episode_id(task.game, trial),
-        game=task.game,
-        task_type=task.task_type,
-        trial=trial,
-        prefix=prefix,
-        memory=tuple(reflections),
-    )
+    def _stop_all(self) -> None:
+        # the first stop wins; every other chain sees it at its next call
+        if self.engine.stopped is None:
+            self.engine.stopped = "stopped"
 
+    async def _trials(self, task: Task) -> None:
+        store = self.store
+        for trial in range(self.plan.trials):
+            self._advance(task, trial)
+            row = store.episode(episode_id(task.game, trial))
+            if row is not None and row.status == EpisodeStatus.DONE.value:
+                if row.won:
+                    self.on_task_done(task, True, trial)
+                    return
+                await self._after_episode(task, trial, row)
+                continue
+            if row is not None and row.status == EpisodeStatus.ERROR.value:
+                store.retry_episode(row.episode_id)  # the harness failed, not the agent
+                row = store.episode(row.episode_id)
+            store.join_trial(trial, task.game)
+            spec = self._resumed(row) if row is not None else self._new(task, trial)
+            end = await self.engine.play(spec, self.agent)
+            if end is None:
+                raise _TaskHalted(f"{task.game} trial {trial}: infrastructure error")
+            row = store.episode(spec.episode_id)
+            assert row is not None
+            if end.won:
+                await self._judge(task, trial, row)
+                self.on_task_done(task, True, trial)
+                return
+            await self._after_episode(task, trial, row)
+        self.on_task_done(task, False, self.plan.trials - 1)
 
-def plan_trial(
-    store: RunStore, tasks: Sequence[Task], trial: int, settings: TrialSettings
-) -> tuple[list[Task], list[EpisodeJob]]:
-    """The tasks trial ``trial`` runs, and the jobs still to play (resumed ones included)."""
-    solved = solved_before(store, trial)
-    todo = [t for t in tasks if t.game not in solved]
-    jobs: list[EpisodeJob] = []
-    for task in todo:
-        row = store.episode(episode_id(task.game, trial))
-        if row is not None and row.status == EpisodeStatus.DONE.value:
-            continue
-        if row is not None and row.status == EpisodeStatus.ERROR.value:
-            store.retry_episode(row.episode_id)  # the harness failed, not the agent: play it again
-            row = store.episode(row.episode_id)
-        if row is None:
-            jobs.append(build_job(store, task, trial, settings))
-            continue
-        # interrupted mid-episode: same prompt as recorded, continue from its next step
-        memory = tuple(Reflection.from_dict(r) for r in json.loads(row.memory_json))
-        jobs.append(
-            EpisodeJob(
+    def _new(self, task: Task, trial: int) -> EpisodeSpec:
+        settings = self.plan.reflexion
+        reflections: list[Reflection] = []
+        if settings.uses_memory:
+            reflections = reflexion.visible_reflections(
+                self.store.reflections(task.game), task.game, trial, settings.memory_size
+            )
+        facts = []
+        if settings.arm == "reflexion+explore":
+            earlier = [
+                (e.trial, self.store.steps(e.episode_id))
+                for e in self.store.episodes()
+                if e.game == task.game and e.trial < trial
+            ]
+            facts = reflexion.exploration_facts(earlier, task.game)
+        return EpisodeSpec(
+            episode_id=episode_id(task.game, trial),
+            game=task.game,
+            task_type=task.task_type,
+            trial=trial,
+            prefix=reflexion.prompt_prefix(settings, task.task_type, reflections, facts),
+            memory=tuple(reflections),
+            seed=settings.seed,
+        )
+
+    def _resumed(self, row: EpisodeRow) -> EpisodeSpec:
+        """An interrupted episode: same prompt as recorded, continued from its next step."""
+        return EpisodeSpec(
+            episode_id=row.episode_id,
+            game=row.game,
+            task_type=row.task_type,
+            trial=row.trial,
+            prefix=row.prompt_prefix,
+            memory=tuple(Reflection.from_dict(r) for r in json.loads(row.memory_json)),
+            seed=self.plan.reflexion.seed,
+            resume_steps=tuple(self.store.steps(row.episode_id)),
+            resumed_observation=row.observation,
+        )
+
+    # -- between trials ---------------------------------------------------------------------------
+    async def _after_episode(self, task: Task, trial: int, row: EpisodeRow) -> None:
+        """Judge (LLM evaluator arm) and reflect on a failed episode, unless already done."""
+        row = await self._judge(task, trial, row)
+        settings = self.plan.reflexion
+        if not settings.uses_memory or trial >= self.plan.trials - 1:
+            return  # a reflection after the last trial would never be read
+        if self.plan.llm_judge and row.judge_verdict == "success":
+            return  # the self-evaluation arm reflects only when its judge saw a failure
+        if any(r.trial == trial for r in self.store.reflections(task.game)):
+            return
+        try:
+            reflection, prompt_tokens, completion_tokens = await reflexion.reflect(
+                _TaskModel(self.engine, task.game, trial),
+                settings,
+                task=task.game,
+                trial=trial,
                 episode_id=row.episode_id,
-                game=row.game,
-                task_type=row.task_type,
+                observation=row.observation,
+                steps=self.store.steps(row.episode_id),
+            )
+        except BackendError as exc:
+            raise _TaskHalted(f"{task.game} trial {trial}: reflection failed: {exc}") from exc
+        self.store.add_reflection(reflection, prompt_tokens, completion_tokens)
+
+    async def _judge(self, task: Task, trial: int, row: EpisodeRow) -> EpisodeRow:
+        if not self.plan.llm_judge or row.judge_verdict is not None:
+            return row
+        try:
+            verdict, reason = await reflexion.judge(
+                _TaskModel(self.engine, task.game, trial),
+                task=task.game,
                 trial=trial,
-                prefix=row.prompt_prefix,
-                memory=memory,
-                resume_steps=tuple(store.steps(row.episode_id)),
-                resumed=True,
+                observation=row.observation,
+                steps=self.store.steps(row.episode_id),
+                seed=self.plan.reflexion.seed,
             )
-        )
-    return todo, jobs
+        except BackendError as exc:
+            raise _TaskHalted(f"{task.game} trial {trial}: judge failed: {exc}") from exc
+        self.store.set_judge(row.episode_id, verdict, reason)
+        fresh = self.store.episode(row.episode_id)
+        assert fresh is not None
+        return fresh
+
+    # -- trial bookkeeping ------------------------------------------------------------------------
+    def _advance(self, task: Task, trial: float) -> None:
+        """Task ``task`` is now at ``trial``; close every trial no task can still join."""
+        self._at[task.game] = trial
+        if trial != float("inf"):
+            self._open_trials.add(int(trial))
+        if self.engine.stopped is not None:
+            return
+        lowest = min(self._at.values(), default=float("inf"))
+        for k in sorted(self._open_trials):
+            if k < lowest:
+                self.store.finish_trial(k)
+                self._open_trials.discard(k)
 
 
-REFLECTION_STOPS = ("\n\n", "\n>")
+class _TaskModel:
+    """Model access for a task's calls between episodes (reflect, judge), recorded as such."""
 
+    def __init__(self, engine: Engine, game: str, trial: int) -> None:
+        self.engine = engine
+        self.game = game
+        self.trial = trial
 
-def reflect(store: RunStore, backend: Backend, trial: int, settings: TrialSettings) -> None:
-    """Write a reflection for every failed episode of the trial that has none yet (batched)."""
-    if settings.arm == "react":
-        return
-    have = {(r.task, r.trial) for r in store.reflections()}
-    pending: list[tuple[EpisodeRow, str]] = []
-    for e in store.episodes(trial):
-        if e.status != EpisodeStatus.DONE.value or e.won or (e.game, trial) in have:
-            continue
-        if settings.evaluator == "llm" and e.judge_verdict == "success":
-            continue  # the self-evaluation arm only reflects when its judge saw a failure
-        steps = store.steps(e.episode_id)
-        pending.append(
-            (
-                e,
-                reflection_prompt(
-                    e.observation, [(s.action or s.raw_output, s.observation) for s in steps]
-                ),
-            )
-        )
-    if not pending:
-        return
-    # one paragraph, as in the examples; greedy, at most reflect_max_tokens (256) tokens. A new
-    # line that starts with ">" is the model writing transcript again, not a plan: it ends the
-    # reflection too (small models otherwise repeat one "> ..." line until the token cap).
-    config = GenerationConfig(
-        temperature=0.0,
-        max_tokens=settings.reflect_max_tokens,
-        stop=REFLECTION_STOPS,
-        seed=settings.seed,
-    )
-    requests = [
-        Request(
-            config=config, prompt=prompt, purpose="reflect", side={"game": e.game, "trial": trial}
-        )
-        for e, prompt in pending
-    ]
-    try:
-        completions = backend.generate(requests)
-    except BackendError as exc:
-        store.log_event("infra_error", f"reflection batch failed: {exc}")
-        return  # the next resume (or trial) retries: reflections are keyed by (task, trial)
-    for (e, prompt), c in zip(pending, completions, strict=True):
-        text = c.text.strip() or "(the model wrote no reflection)"
-        store.add_reflection(
-            Reflection(
-                task=e.game,
-                trial=trial,
-                episode_id=e.episode_id,
-                model=settings.reflect_model,
-                prompt_hash=sha256(prompt),
-                text=text,
-            ),
-            prompt_tokens=c.prompt_tokens,
-            completion_tokens=c.completion_tokens,
-        )
-
-
-def judge(store: RunStore, backend: Backend, trial: int, settings: TrialSettings) -> None:
-    """The LLM evaluator: record its verdict next to the env's truth (never replacing it)."""
-    rows = [
-        e
-        for e in store.episodes(trial)
-        if e.status == EpisodeStatus.DONE.value and e.judge_verdict is None
-    ]
-    if not rows:
-        return
-    config = GenerationConfig(temperature=0.0, max_tokens=64, stop=("\n",), seed=settings.seed)
-    requests = []
-    for e in rows:
-        steps = store.steps(e.episode_id)
-        history = [(s.action or s.raw_output, s.observation) for s in steps]
-        requests.append(
-            Request(
-                config=config,
-                prompt=judge_prompt(e.observation, history),
-                purpose="judge",
-                side={"game": e.game, "trial": trial, "history": [a for a, _ in history]},
-            )
-        )
-    try:
-        completions = backend.generate(requests)
-    except BackendError as exc:
-        store.log_event("infra_error", f"judge batch failed: {exc}")
-        return
-    for e, c in zip(rows, completions, strict=True):
-        verdict, reason = parse_judge(c.text)
-        store.set_judge(e.episode_id, verdict, reason)
-
-
-def run_trials(
-    store: RunStore,
-    tasks: Sequence[Task],
-    rollout: Rollout,
-    reflector: Backend,
-    settings: TrialSettings,
-    on_trial: Callable[[int, int], None] = lambda trial, n: None,
-) -> str | None:
-    """All trials; returns None when complete, or why it stopped early (budget, deadline)."""
-    for trial in range(settings.trials):
-        todo, jobs = plan_trial(store, tasks, trial, settings)
-        if not todo:
-            log.info("trial %d: every task is solved", trial)
-            break
-        store.start_trial(trial, [t.game for t in todo])
-        on_trial(trial, len(jobs))  # episodes still to play: a resumed trial counts only those
-        stopped = rollout.run(jobs)
-        if stopped:
-            return stopped
-        if settings.evaluator == "llm":
-            judge(store, reflector, trial, settings)
-        if trial < settings.trials - 1:  # a reflection after the last trial would never be read
-            reflect(store, reflector, trial, settings)
-        store.finish_trial(trial)
-    return None
+    async def generate(self, request: Request) -> Completion:
+        return await self.engine.generate(request, self.game, self.trial)

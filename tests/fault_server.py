@@ -86,6 +86,10 @@ class FaultPlan:
     retry_after: str = "1"
     max_faults_per_key: int | None = None  # after this many faults a request always succeeds
     latency_s: float = 0.0  # added to every good answer (to model a slow server)
+    # every request whose prompt contains this text fails with a 500, every attempt
+    always_fail: str | None = None
+    # seconds a good answer waits, from the prompt text (e.g. a seeded lognormal draw)
+    delay: Callable[[str], float] | None = None
 
     def __post_init__(self) -> None:
         unknown = set(self.kinds) - set(ALL_FAULT_KINDS)
@@ -102,6 +106,7 @@ class Event:
     fault: str | None  # None for a good answer
     arrived: float
     answered: float | None = None
+    delay: float = 0.0  # the latency the server added to a good answer
 
 
 @dataclass
@@ -125,6 +130,7 @@ def _unit(seed: int, key: str, attempt: int, salt: str) -> float:
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
+    _text = ""
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib's name
         pass  # keep test output clean
@@ -179,11 +185,14 @@ class _Handler(BaseHTTPRequestHandler):
             )
             return
         text = prompt_text_of(body)
+        self._text = text
         key = hashlib.sha256(f"{route}|{text}".encode()).hexdigest()[:16]
         event = self._pick_fault(key, arrived)
         if event.fault is None:
-            if state.plan.latency_s:
-                time.sleep(state.plan.latency_s)
+            wait = state.plan.latency_s + (state.plan.delay(text) if state.plan.delay else 0.0)
+            if wait:
+                time.sleep(wait)
+            event.delay = wait
             self._answer(route, body, text)
         else:
             self._inject(event.fault, route)
@@ -206,7 +215,9 @@ class _Handler(BaseHTTPRequestHandler):
                 plan.max_faults_per_key is not None
                 and state.faults_of[key] >= plan.max_faults_per_key
             )
-            if forced is None and plan.rate > 0 and plan.kinds and not capped:
+            if forced is None and plan.always_fail and plan.always_fail in self._text:
+                kind = "500"
+            elif forced is None and plan.rate > 0 and plan.kinds and not capped:
                 if _unit(plan.seed, key, attempt, "fault?") < plan.rate:
                     pick = int(_unit(plan.seed, key, attempt, "kind") * len(plan.kinds))
                     kind = plan.kinds[pick]

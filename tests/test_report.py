@@ -266,7 +266,7 @@ def test_a_real_run_report_and_its_prompts(
         return recorders[-1], reflector
 
     monkeypatch.setattr(runner, "make_backends", recording)
-    cfg = RunConfig(
+    cfg = RunConfig.of(
         model="scripted:learner", data=str(generated_games), split="eval_out_of_distribution",
         games=2, trials=2, workers=1, run_dir=str(tmp_path / "real"),
     )  # fmt: skip

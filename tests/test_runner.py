@@ -95,6 +95,7 @@ def test_kill9_at_random_moments_then_resume_gives_identical_results(generated_g
         started = started or (interrupted / "run.sqlite").exists()
     r = cli(*args, "--resume", str(interrupted))
     assert r.returncode == 0, r.stderr
+    assert kills >= 3, f"only {kills} kills landed while the run was going"
     a, b = snapshot(reference), snapshot(interrupted)
     assert b["rows"][0] == b["rows"][1]  # no step written twice
     assert a["episodes"] == b["episodes"]
@@ -112,7 +113,7 @@ def test_fault_injecting_model_server_errors_are_infra_not_agent_failures(
 ):
     plan = FaultPlan(rate=0.2, seed=3, timeout_s=1.0, retry_after="0")
     with FaultServer(plan, answer=_look) as server:
-        cfg = RunConfig(
+        cfg = RunConfig.of(
             model="openai:test", base_url=server.url, data=str(generated_games), split=SPLIT,
             trials=2, max_steps=10, workers=2, concurrency=6, run_dir=str(tmp_path / "run"),
             backend_options={"max_retries": 0, "timeout": 0.5, "backoff_base": 0.01, "jitter": 0.0},
@@ -134,7 +135,7 @@ def test_fault_injecting_model_server_errors_are_infra_not_agent_failures(
 def test_retries_recover_every_request(generated_games, tmp_path):
     plan = FaultPlan(rate=0.2, seed=4, timeout_s=1.0, retry_after="0")
     with FaultServer(plan, answer=_look) as server:
-        cfg = RunConfig(
+        cfg = RunConfig.of(
             model="openai:test", base_url=server.url, data=str(generated_games), split=SPLIT,
             trials=1, max_steps=10, workers=2, concurrency=6, run_dir=str(tmp_path / "run"),
             backend_options={"max_retries": 8, "timeout": 0.5, "backoff_base": 0.01, "jitter": 0.0},
@@ -168,36 +169,75 @@ class _KillingBackend:
 
 
 def test_worker_killed_mid_episode_is_resimulated(generated_games, tmp_path):
-    from agents.evaluators import make_evaluator
-    from agents.llm.base import GenerationConfig
-    from agents.parsing import GroundingRules
-    from envs.pool import EnvPool, EnvSpec
-    from experiments.rollout import Rollout, RolloutSettings
-    from experiments.runner import select_games
-    from experiments.trials import TrialSettings, run_trials
+    import asyncio
 
-    cfg = RunConfig(
+    from agents.react import ReActAgent
+    from agents.reflexion import ReflexionSettings
+    from envs.aio import AsyncEnvPool
+    from envs.pool import EnvPool, EnvSpec
+    from experiments.engine import Engine, ModelClient
+    from experiments.runner import actor_settings, select_games
+    from experiments.trials import TrialLoop, TrialPlan
+
+    cfg = RunConfig.of(
         model="scripted:expert", data=str(generated_games), split=SPLIT, games=2, trials=1
     )
     games = select_games(cfg)
     store = RunStore(tmp_path / "run", create=True)
     pool = EnvPool(EnvSpec(games.env_kind, games.env_kwargs), workers=2, timeout_s=60)
-    try:
+
+    async def play() -> str | None:
         backend = _KillingBackend(pool)
-        settings = RolloutSettings(
-            "reflexion", GenerationConfig(), make_evaluator("paper"), GroundingRules(), max_steps=30
+        engine = Engine(store, ModelClient(backend), AsyncEnvPool(pool), arm="reflexion")
+        plan = TrialPlan(trials=1, reflexion=ReflexionSettings("reflexion", 3, "x"))
+        return await TrialLoop(store, engine, ReActAgent(actor_settings(cfg)), plan).run(
+            games.tasks
         )
-        rollout = Rollout(backend, pool, store, settings)
-        ts = TrialSettings(
-            arm="reflexion", trials=1, memory_size=3, evaluator="paper", reflect_model="x"
-        )
-        assert run_trials(store, games.tasks, rollout, backend, ts) is None
+
+    try:
+        assert asyncio.run(play()) is None
     finally:
         pool.close()
     episodes = store.episodes()
     assert len(episodes) == 2 and all(e.won for e in episodes)
     assert sum(e.resimulated for e in episodes) == 1
     assert len(store.events("worker_crash")) == 1
+
+
+def _outcomes(run_dir: Path) -> dict:
+    snap = snapshot(run_dir)
+    return {eid: (ep, snap["steps"][eid]) for eid, ep in snap["episodes"].items()}
+
+
+def test_a_request_that_always_fails_ends_only_its_own_episodes(generated_games, tmp_path):
+    """One game's requests fail permanently: exactly its episodes are infrastructure errors,
+    every other episode is what it is in a clean run."""
+
+    def cfg(url: str, name: str) -> RunConfig:
+        return RunConfig.of(
+            model="openai:test", base_url=url, data=str(generated_games), split=SPLIT, trials=2,
+            max_steps=8, workers=2, concurrency=6, run_dir=str(tmp_path / name),
+            backend_options={"max_retries": 1, "timeout": 5, "backoff_base": 0.01, "jitter": 0.0},
+        )  # fmt: skip
+
+    with FaultServer(FaultPlan(), answer=_look) as server:
+        clean = run(cfg(server.url, "clean"))
+    store = RunStore(clean, readonly=True)
+    victim = store.episodes()[2]
+    store.close()
+    with FaultServer(FaultPlan(always_fail=victim.task), answer=_look) as server:
+        faulty = run(cfg(server.url, "faulty"))
+    a, b = _outcomes(clean), _outcomes(faulty)
+    lost = {eid for eid, (ep, _) in b.items() if ep[0] == victim.game}
+    assert lost == {f"{victim.game}#t0"}  # its chain stops at the failed episode
+    (ep, steps) = b[f"{victim.game}#t0"]
+    assert ep[2] == "error" and ep[4] == "infra_error" and steps == []
+    others = {eid: v for eid, v in a.items() if not eid.startswith(victim.game)}
+    assert others and {eid: b[eid] for eid in others} == others
+    store = RunStore(faulty, readonly=True)
+    errors = [e for e in store.events("infra_error")]
+    assert errors and all(e["episode_id"] == f"{victim.game}#t0" for e in errors)
+    store.close()
 
 
 def test_cli_errors_are_one_line_with_exit_code_2(generated_games, tmp_path):
@@ -241,7 +281,7 @@ def test_cli_errors_are_one_line_with_exit_code_2(generated_games, tmp_path):
 
 def test_export_reads_back(generated_games, tmp_path):
     pd = pytest.importorskip("pandas")
-    cfg = RunConfig(model="scripted:learner", data=str(generated_games), split=SPLIT, games=2, trials=2,
+    cfg = RunConfig.of(model="scripted:learner", data=str(generated_games), split=SPLIT, games=2, trials=2,
                     workers=2, run_dir=str(tmp_path / "run"))  # fmt: skip
     run_dir = run(cfg)
     from experiments.export import export

@@ -68,7 +68,7 @@ def config(tmp_path: Path, **kw) -> RunConfig:
         "serve_port": free_port(),
         "serve_timeout_s": 60.0,
     }
-    return RunConfig(**{**values, **kw})
+    return RunConfig.of(**{**values, **kw})
 
 
 def no_process_on(port: int, marker: str) -> bool:
@@ -92,7 +92,7 @@ def test_lifecycle_start_kill_restart_stop(tmp_path):
     try:
         first = server.pid
         assert first is not None and group_alive(first)
-        assert server.url == f"http://127.0.0.1:{cfg.serve_port}/v1"
+        assert server.url == f"http://127.0.0.1:{cfg.server.serve_port}/v1"
         os.kill(first, signal.SIGKILL)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not (server.restarts and server.pid != first):
@@ -113,7 +113,7 @@ def test_lifecycle_start_kill_restart_stop(tmp_path):
     assert (
         "stand-in listening" in log and "[reflexsim serve] died reason=exited with code -9" in log
     )
-    assert no_process_on(cfg.serve_port, "stand_in.py")
+    assert no_process_on(cfg.server.serve_port, "stand_in.py")
 
 
 def test_a_server_left_by_a_killed_runner_is_stopped_first(tmp_path):
@@ -133,7 +133,7 @@ def test_a_server_left_by_a_killed_runner_is_stopped_first(tmp_path):
         fresh.stop()
         orphan._proc = None
         orphan.stop()
-    assert no_process_on(cfg.serve_port, "stand_in.py")
+    assert no_process_on(cfg.server.serve_port, "stand_in.py")
 
 
 def test_startup_errors_are_one_line_and_name_the_log(tmp_path):
@@ -149,7 +149,7 @@ def test_startup_errors_are_one_line_and_name_the_log(tmp_path):
     cfg = config(tmp_path, model="vllm:another-model")
     with pytest.raises(ServeError, match=r"serves \['fault-model'\], not 'another-model'"):
         ModelServer(serve_settings(cfg, tmp_path / "server2.log")).start()
-    assert no_process_on(cfg.serve_port, "stand_in.py")
+    assert no_process_on(cfg.server.serve_port, "stand_in.py")
 
     # a port taken by another program
     import socket
@@ -164,19 +164,19 @@ def test_startup_errors_are_one_line_and_name_the_log(tmp_path):
 
 def test_served_config_checks():
     with pytest.raises(ConfigError, match="vllm: model"):
-        check_serve(RunConfig(model="openai:gpt-4o-mini", serve=True))
+        check_serve(RunConfig.of(model="openai:gpt-4o-mini", serve=True))
     with pytest.raises(ConfigError, match="drop --base-url"):
-        check_serve(RunConfig(model="vllm:m", serve=True, base_url="http://10.0.0.2:8000/v1"))
+        check_serve(RunConfig.of(model="vllm:m", serve=True, base_url="http://10.0.0.2:8000/v1"))
     with pytest.raises(ConfigError, match=r"\{port\}"):
-        check_serve(RunConfig(model="vllm:m", serve=True, serve_command="vllm serve {model}"))
+        check_serve(RunConfig.of(model="vllm:m", serve=True, serve_command="vllm serve {model}"))
     with pytest.raises(ConfigError, match="reflect-model"):
-        check_serve(RunConfig(model="vllm:m", serve=True, reflect_model="vllm:other"))
-    cfg = served_config(RunConfig(model="vllm:m", serve=True, serve_port=8123), 8123)
-    assert cfg.base_url == "http://127.0.0.1:8123/v1"
-    assert cfg.backend_options["api"] == "completions"
+        check_serve(RunConfig.of(model="vllm:m", serve=True, reflect_model="vllm:other"))
+    cfg = served_config(RunConfig.of(model="vllm:m", serve=True, serve_port=8123), 8123)
+    assert cfg.models.base_url == "http://127.0.0.1:8123/v1"
+    assert cfg.models.backend_options["api"] == "completions"
     # the retry window outlasts a restart: about ten minutes of backoff
-    waits = [min(2.0**i, cfg.backend_options["backoff_max"]) for i in range(24)]
-    assert sum(waits[: cfg.backend_options["max_retries"]]) >= 600
+    waits = [min(2.0**i, cfg.models.backend_options["backoff_max"]) for i in range(24)]
+    assert sum(waits[: cfg.models.backend_options["max_retries"]]) >= 600
 
 
 def test_cli_serve_errors_are_one_line(tmp_path):

@@ -168,7 +168,7 @@ def test_a_run_through_the_runner_is_sharded_by_game(servers, generated_games, t
         finally:
             store.close()
 
-    cfg = RunConfig(
+    cfg = RunConfig.of(
         model="openai:test", base_url=f"{a.url},{b.url}", data=str(generated_games),
         split="eval_out_of_distribution", agent="react", trials=1, max_steps=3, concurrency=6,
         run_dir=str(tmp_path / "both"),
@@ -182,7 +182,7 @@ def test_a_run_through_the_runner_is_sharded_by_game(servers, generated_games, t
     assert per_game == expected
 
     b.kill()
-    cfg = RunConfig(**{**cfg.to_dict(), "run_dir": str(tmp_path / "one-down")})
+    cfg = RunConfig.of(**{**cfg.to_dict(), "run_dir": str(tmp_path / "one-down")})
     per_game = served_by(run(cfg))
     assert all(names == {"A"} for names in per_game.values()), per_game
 

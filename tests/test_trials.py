@@ -11,7 +11,7 @@ import pytest
 from agents.prompting import actor_prompt
 from experiments.config import RunConfig
 from experiments.errors import RunStoreError
-from experiments.runner import run
+from experiments.runner import NoProgress, run
 from experiments.store import RunStore
 
 
@@ -27,7 +27,7 @@ def config(games_dir: Path, tmp: Path, **kw) -> RunConfig:
         run_dir=str(tmp / "run"),
     )
     base.update(kw)
-    return RunConfig(**base)
+    return RunConfig.of(**base)
 
 
 def solved_by_trial(store: RunStore) -> dict[int, int]:
@@ -144,19 +144,25 @@ def test_deadline_stops_cleanly_and_resume_finishes(generated_games, tmp_path):
     assert store.get_meta("status") == {"complete": True}
 
 
-def test_resume_with_more_trials_plays_only_the_new_ones(generated_games, tmp_path, capsys):
+class Recorder(NoProgress):
+    def start(self, tasks: int, episodes_at_most: int, solved: int) -> None:
+        self.started = (tasks, episodes_at_most, solved)
+        self.episodes = 0
+
+    def episode_done(self, won: bool, tokens: int) -> None:
+        self.episodes += 1
+
+
+def test_resume_with_more_trials_plays_only_the_new_ones(generated_games, tmp_path):
     cfg = config(generated_games, tmp_path, trials=1)
     run_dir = run(cfg)
-    capsys.readouterr()
     store = RunStore(run_dir, readonly=True)
     first = [(e.episode_id, e.finished_at) for e in store.episodes(0)]
     assert solved_by_trial(store) == {0: 0} and store.get_meta("status") == {"complete": True}
     store.close()
-    run(config(generated_games, tmp_path, trials=2), resume=str(run_dir))
-    progress = capsys.readouterr().err
-    assert (
-        "trial 0: 0 episode(s) to play" in progress and "trial 1: 6 episode(s) to play" in progress
-    )
+    recorder = Recorder()
+    run(config(generated_games, tmp_path, trials=2), resume=str(run_dir), progress=recorder)
+    assert recorder.started == (6, 6, 0) and recorder.episodes == 6  # trial 1 only
     store = RunStore(run_dir, readonly=True)
     assert solved_by_trial(store) == {0: 0, 1: 6}  # the learner uses trial 0's reflections
     assert [(e.episode_id, e.finished_at) for e in store.episodes(0)] == first  # not replayed
@@ -172,7 +178,7 @@ def test_textworld_games_run_through_the_same_loop(tmp_path):
 
     games = tmp_path / "tw"
     generate_textworld_games(games, n=1, seed=3)
-    cfg = RunConfig(
+    cfg = RunConfig.of(
         model="scripted:expert",
         env="textworld",
         data=str(games),
@@ -190,7 +196,7 @@ def test_textworld_games_run_through_the_same_loop(tmp_path):
 
 def test_reflection_ends_where_the_model_starts_writing_transcript():
     from agents.llm.common import truncate_at_stop
-    from experiments.trials import REFLECTION_STOPS
+    from agents.reflexion import REFLECTION_STOPS
 
     text = " > I need to take a creditcard, then put it in armchair 1.\n> take creditcard 1\n> go"
     assert truncate_at_stop(text, REFLECTION_STOPS)[0] == text.split("\n")[0]

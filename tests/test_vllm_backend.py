@@ -385,7 +385,7 @@ from experiments.config import RunConfig
 from experiments.runner import run
 from experiments.store import RunStore
 model, data, run_dir = sys.argv[1:4]
-cfg = RunConfig(
+cfg = RunConfig.of(
     model="vllm:" + model, data=data, split="eval_out_of_distribution", games=3, trials=1,
     max_steps=4, concurrency=3, workers=1, run_dir=run_dir,
     backend_options={"enforce_eager": True, "dtype": "float32", "max_model_len": 4096,

@@ -1,0 +1,107 @@
+"""What an agent plays with and what it returns: the episode context and its records.
+
+An agent plays one episode as a coroutine over a context it is handed: ``await ctx.reset()``,
+``await ctx.step(action)``, ``await ctx.generate(request)``, and ``ctx.record(step)`` for every
+step it wants kept. It never sees SQLite, worker processes or HTTP: the engine behind the context
+stores each recorded step the moment it is recorded, batches model requests across episodes,
+re-simulates an episode whose env worker died, and turns a request that failed after its retries
+into an infrastructure error of this episode alone (the exception simply leaves ``play``).
+
+Coroutines rather than explicit state machines: an agent reads top to bottom as the loop it is
+(ReAct is a dozen lines; search agents keep their tree in local variables), and asyncio gives
+the engine every in-flight episode's pending call without a lockstep tick.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from agents.llm.base import Completion, Request
+from memory.records import Reflection, Step
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """One episode to play: a task in a trial, with the fixed part of its prompt.
+
+    A resumed episode carries its recorded steps and first observation: the agent continues from
+    its next step after the engine has re-simulated the recorded actions.
+    """
+
+    episode_id: str
+    game: str
+    task_type: str
+    trial: int
+    prefix: str  # instruction + examples + memory block
+    memory: tuple[Reflection, ...] = ()
+    seed: int | None = 0  # the sampling seed of this episode's actor requests
+    resume_steps: tuple[Step, ...] = ()
+    resumed_observation: str | None = None  # the recorded first observation, when resumed
+
+    @property
+    def resumed(self) -> bool:
+        return self.resumed_observation is not None
+
+    def replay_actions(self) -> tuple[str, ...]:
+        """The env actions of the recorded steps (thoughts and invalid outputs never reach it)."""
+        return tuple(s.action for s in self.resume_steps if s.kind == "act")
+
+
+@dataclass(frozen=True)
+class EnvReply:
+    """What the game answered to a reset or a step."""
+
+    observation: str
+    reward: float = 0.0
+    terminated: bool = False
+    truncated: bool = False
+    info: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def won(self) -> bool:
+        return bool(self.terminated and self.info.get("won"))
+
+    @property
+    def admissible(self) -> tuple[str, ...]:
+        return tuple(self.info.get("admissible_commands") or ())
+
+
+@dataclass(frozen=True)
+class EpisodeEnd:
+    """How an episode the agent played to its end came out (success is the env's ``won``)."""
+
+    won: bool
+    failure_class: str | None = None
+    verdict: str | None = None  # why the evaluator (or the step cap) ended it
+
+
+class ModelPort(Protocol):
+    """Model access for an agent's calls that are not episode steps (reflect, judge, plan)."""
+
+    async def generate(self, request: Request) -> Completion: ...
+
+
+class EpisodeContext(ModelPort, Protocol):
+    """The two calls an agent plays through (plus reset and record). See the module docstring."""
+
+    spec: EpisodeSpec
+
+    async def reset(self, replay: Sequence[str] = ()) -> EnvReply:
+        """Start the episode's game, then re-simulate ``replay``; the state after them."""
+        ...
+
+    async def step(self, action: str) -> EnvReply:
+        """One env step. Thoughts and invalid outputs are never sent here."""
+        ...
+
+    def record(self, step: Step) -> None:
+        """Keep a step: the engine commits it to the run store now."""
+        ...
+
+
+class Agent(Protocol):
+    """Plays one episode through a context and says how it ended."""
+
+    async def play(self, ctx: EpisodeContext) -> EpisodeEnd: ...

@@ -1,0 +1,144 @@
+"""The ReAct actor: a completion-style few-shot prompt, one action per model call.
+
+The prompt is append-only (``prefix`` + transcript + ``"\\n>"``), so a prefix cache reuses it
+from step to step. A ``think:`` line is a thought (observation ``OK.``, the env is not asked); an
+empty line is an invalid step ("Nothing happens."); anything else is an action sent to the env
+after the grounding rules. The episode ends when the env says won, when the evaluator gives a
+failure verdict, or at the step cap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from agents.episode import EnvReply, EpisodeContext, EpisodeEnd
+from agents.evaluators import Evaluator, Verdict, classify_failure, count_actions
+from agents.llm.base import Completion, GenerationConfig, Request
+from agents.parsing import GroundingRules, ParsedAction, parse_action
+from agents.prompting import actor_prompt, transcript_pairs
+from memory.records import Step, StepKind
+
+NOTHING_HAPPENS = "Nothing happens."
+THOUGHT_OBSERVATION = "OK."
+
+
+@dataclass(frozen=True)
+class ActorSettings:
+    """How the actor samples, parses and when its episode ends."""
+
+    generation: GenerationConfig
+    evaluator: Evaluator
+    grounding: GroundingRules
+    max_steps: int
+    count_thoughts: bool = True
+
+
+def actor_request(
+    settings: ActorSettings,
+    ctx_spec_prefix: str,
+    observation: str,
+    steps: Sequence[Step],
+    state: EnvReply,
+    *,
+    game: str,
+    trial: int,
+    seed: int | None,
+) -> Request:
+    """The request for the next step. ``side`` is for scripted policies only (a real model
+    never sees it)."""
+    history = transcript_pairs(steps)
+    return Request(
+        config=replace(settings.generation, seed=seed),
+        prompt=actor_prompt(ctx_spec_prefix, observation, history),
+        purpose="act",
+        side={
+            "game": game,
+            "trial": trial,
+            "step": len(steps),
+            "walkthrough": state.info.get("walkthrough"),
+            "admissible": list(state.admissible),
+            "history": [a for a, _ in history],
+        },
+    )
+
+
+def make_step(
+    index: int,
+    parsed: ParsedAction,
+    completion: Completion,
+    observation: str,
+    admissible: bool,
+    reply: EnvReply | None = None,
+) -> Step:
+    return Step(
+        index=index,
+        kind=parsed.kind.value,
+        raw_output=completion.text,
+        action=parsed.action,
+        observation=observation,
+        admissible=admissible,
+        prompt_tokens=completion.prompt_tokens,
+        completion_tokens=completion.completion_tokens,
+        cached_tokens=completion.cached_tokens,
+        latency_s=completion.latency_s,
+        reward=reply.reward if reply else 0.0,
+        won=bool(reply and reply.won),
+    )
+
+
+class ReActAgent:
+    """Plays one episode; see the module docstring."""
+
+    def __init__(self, settings: ActorSettings) -> None:
+        self.settings = settings
+
+    async def play(self, ctx: EpisodeContext) -> EpisodeEnd:
+        spec = ctx.spec
+        state = await ctx.reset(spec.replay_actions())
+        observation = spec.resumed_observation if spec.resumed else state.observation
+        assert observation is not None
+        steps = list(spec.resume_steps)
+        truncated = state.truncated if steps else False
+        while True:
+            end = self.check_end(steps, truncated)
+            if end is not None:
+                return end
+            request = actor_request(
+                self.settings, spec.prefix, observation, steps, state,
+                game=spec.game, trial=spec.trial, seed=spec.seed,
+            )  # fmt: skip
+            completion = await ctx.generate(request)
+            parsed = parse_action(completion.text, self.settings.grounding)
+            if parsed.kind == StepKind.ACT:
+                admissible = parsed.action in state.admissible
+                state = await ctx.step(parsed.action)
+                step = make_step(
+                    len(steps), parsed, completion, state.observation, admissible, state
+                )
+                truncated = state.truncated
+            else:
+                thought = parsed.kind == StepKind.THINK
+                obs = THOUGHT_OBSERVATION if thought else NOTHING_HAPPENS
+                step = make_step(len(steps), parsed, completion, obs, thought)
+                truncated = False
+            steps.append(step)
+            ctx.record(step)
+
+    def check_end(self, steps: Sequence[Step], truncated: bool) -> EpisodeEnd | None:
+        """The end of the episode after ``steps``, or None to go on."""
+        if not steps:
+            return None
+        if steps[-1].won:
+            return EpisodeEnd(won=True)
+        verdict: Verdict | None = self.settings.evaluator.check(steps)
+        capped = truncated or (
+            count_actions(steps, self.settings.count_thoughts) >= self.settings.max_steps
+        )
+        if verdict is None and not capped:
+            return None
+        return EpisodeEnd(
+            won=False,
+            failure_class=classify_failure(steps, verdict, capped),
+            verdict=verdict.reason if verdict else "step cap",
+        )

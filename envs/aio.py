@@ -1,0 +1,79 @@
+"""The env pool on an asyncio event loop: ``await envs.call(slot, call)``, no threads, no ticks.
+
+Each call is submitted to the pool at once; the loop watches the busy workers' pipes and
+sentinels (``loop.add_reader``) and the earliest call timeout (``loop.call_later``), and hands
+every answer to its own awaiting episode the moment it arrives. A slow reset therefore holds up
+only the episode that asked for it. Works over :class:`~envs.pool.EnvPool` and
+:class:`~envs.pool.SyncEnvPool` (whose calls complete inside ``submit``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from envs.pool import Call, Outcome
+
+
+class AsyncEnvPool:
+    """Awaitable calls over a pool; one call in flight per slot, as the pool requires."""
+
+    def __init__(self, pool: Any, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.pool = pool
+        self.slots: int = pool.slots
+        self._loop = loop
+        self._waiting: dict[int, asyncio.Future[Outcome]] = {}
+        self._watched: set[Any] = set()
+        self._timer: asyncio.TimerHandle | None = None
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        return self._loop
+
+    async def call(self, slot: int, call: Call) -> Outcome:
+        """Submit one reset (``Reset``) or step (an action) for ``slot`` and await its answer
+        (a ``StepResult``, a ``WorkerCrashed``, or the exception the env raised)."""
+        future: asyncio.Future[Outcome] = self.loop.create_future()
+        self._waiting[slot] = future
+        try:
+            self.pool.submit({slot: call})
+            self._collect()
+            return await future
+        finally:
+            self._waiting.pop(slot, None)
+
+    def _collect(self) -> None:
+        for slot, outcome in self.pool.collect(0.0).items():
+            future = self._waiting.get(slot)
+            if future is not None and not future.done():
+                future.set_result(outcome)
+        self._watch()
+
+    def _watch(self) -> None:
+        """Wait on exactly what the pool is busy with now. Everything is re-registered each time:
+        a replaced worker's descriptor numbers may be reused by its successor."""
+        for fd in self._watched:
+            self.loop.remove_reader(fd)
+        self._watched = set(self.pool.waitables())
+        for fd in self._watched:
+            self.loop.add_reader(fd, self._collect)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        deadline = self.pool.next_deadline()
+        if deadline is not None:
+            delay = max(0.0, deadline - time.monotonic()) + 0.01
+            self._timer = self.loop.call_later(delay, self._collect)
+
+    def close(self) -> None:
+        """Stop watching (the caller closes the pool)."""
+        if self._loop is not None:
+            for fd in self._watched:
+                self._loop.remove_reader(fd)
+        self._watched = set()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None

@@ -1,0 +1,343 @@
+"""The episode engine: many episodes in flight on one event loop, no lockstep ticks.
+
+Each episode is an agent coroutine (:mod:`agents.episode`) playing through a context that this
+module implements. An episode advances the moment its own model answer or env result is there:
+
+- env calls go to the worker pool at once and come back as each finishes
+  (:class:`envs.aio.AsyncEnvPool`); a slow reset holds up only its own episode;
+- model requests reach the backend as they come (:class:`ModelClient`): a backend with its own
+  scheduler (vLLM's async engine) gets every request at once and batches them continuously; an
+  HTTP backend gets each request in its own thread, at most ``max_in_flight`` at a time; any
+  other backend (llama.cpp, transformers, scripted) gets everything pending, one batch at a
+  time, the next batch formed from whatever arrived meanwhile;
+- a request that fails after the backend's retries fails its own episode (an infrastructure
+  error, retried on ``--resume``) and nothing else; a dead env worker's episode is re-simulated
+  from its recorded actions and carries on.
+
+Every step is committed to the run store as the agent records it; every model call is a row of
+its own (purpose, tokens, latency). The bound of a run is max(model time / concurrency, env
+time / workers): ``benchmarks/bench_engine.py`` measures against it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from agents.episode import Agent, EnvReply, EpisodeEnd, EpisodeSpec
+from agents.llm.base import AsyncBackend, Backend, BackendError, Completion, Request
+from envs.aio import AsyncEnvPool
+from envs.pool import Reset, StepResult, WorkerCrashed
+from experiments.store import RunStore
+from memory.records import EpisodeStatus, FailureClass, ModelCall, Step
+
+log = logging.getLogger("reflexsim.engine")
+
+
+class StopRun(Exception):
+    """A budget or deadline stopped the run: live episodes stay 'running' for --resume."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class EnvFailure(RuntimeError):
+    """The env could not answer (a reset that failed, a worker that died twice)."""
+
+
+# -- the model ----------------------------------------------------------------------------------
+class ModelClient:
+    """Requests reach the backend as they come; see the module docstring for the three ways."""
+
+    def __init__(self, backend: Backend, max_in_flight: int = 8) -> None:
+        self.backend = backend
+        self.max_in_flight = max(1, max_in_flight)
+        if isinstance(backend, AsyncBackend):
+            self.mode = "async"
+        elif getattr(backend, "scheduling", "batch") == "per_request":
+            self.mode = "per_request"
+        else:
+            self.mode = "batch"
+        workers = self.max_in_flight if self.mode == "per_request" else 1
+        self._threads = ThreadPoolExecutor(workers, thread_name_prefix="reflexsim-model")
+        self._pending: deque[tuple[Request, asyncio.Future[Completion]]] = deque()
+        self._batch_running = False
+        self._batch_task: asyncio.Task[None] | None = None
+        self.batches: list[int] = []  # sizes of the batches sent (batch mode)
+
+    async def generate(self, request: Request) -> Completion:
+        """One completion; raises BackendError when the request failed after its retries."""
+        if self.mode == "async":
+            agenerate = self.backend.agenerate  # type: ignore[attr-defined]
+            result: Completion = await agenerate(request)
+            return result
+        loop = asyncio.get_running_loop()
+        if self.mode == "per_request":
+            answers = await loop.run_in_executor(self._threads, self.backend.generate, [request])
+            return answers[0]
+        future: asyncio.Future[Completion] = loop.create_future()
+        self._pending.append((request, future))
+        if not self._batch_running:
+            # the task starts after every episode ready in this turn of the loop has added its
+            # request, so they form one batch
+            self._batch_running = True
+            self._batch_task = loop.create_task(self._run_batches())
+        return await future
+
+    async def _run_batches(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self._pending:
+                batch = [(r, f) for r, f in self._pending if not f.done()]
+                self._pending.clear()
+                if not batch:
+                    continue
+                self.batches.append(len(batch))
+                results = await loop.run_in_executor(
+                    self._threads, self._answer, [r for r, _ in batch]
+                )
+                for (_, future), result in zip(batch, results, strict=True):
+                    if future.done():
+                        continue
+                    if isinstance(result, BaseException):
+                        future.set_exception(result)
+                    else:
+                        future.set_result(result)
+        finally:
+            self._batch_running = False
+
+    def _answer(self, requests: list[Request]) -> list[Completion | BaseException]:
+        """The batch's answers; when the batch fails, each request alone, so that one bad
+        request fails only itself."""
+        try:
+            return list(self.backend.generate(requests))
+        except BackendError:
+            if len(requests) == 1:
+                raise
+        out: list[Completion | BaseException] = []
+        for request in requests:
+            try:
+                out.append(self.backend.generate([request])[0])
+            except BackendError as exc:
+                out.append(exc)
+        return out
+
+    def close(self) -> None:
+        self._threads.shutdown(wait=False, cancel_futures=True)
+
+
+# -- budgets ------------------------------------------------------------------------------------
+@dataclass
+class Usage:
+    """Tokens used by the run so far (the store's totals at start, plus every call since)."""
+
+    prompt: int = 0
+    completion: int = 0
+    cached_prompt: int = 0
+
+    def add(self, c: Completion) -> None:
+        self.prompt += c.prompt_tokens
+        self.completion += c.completion_tokens
+        self.cached_prompt += c.cached_tokens
+
+    @property
+    def total(self) -> int:
+        return self.prompt + self.completion
+
+
+# -- one episode ------------------------------------------------------------------------------------
+def _reply(outcome: StepResult) -> EnvReply:
+    return EnvReply(
+        outcome.observation, outcome.reward, outcome.terminated, outcome.truncated, outcome.info
+    )
+
+
+class _Episode:
+    """The context an agent plays one episode through (agents.episode.EpisodeContext)."""
+
+    def __init__(self, engine: Engine, spec: EpisodeSpec, slot: int) -> None:
+        self.engine = engine
+        self.spec = spec
+        self.slot = slot
+        self.started = spec.resumed  # its row exists already
+        self.resets = 0
+        self._actions: list[str] = []  # env actions since the last reset, for re-simulation
+
+    # -- env ------------------------------------------------------------------------------------
+    async def reset(self, replay: Sequence[str] = ()) -> EnvReply:
+        self.engine.check_stop()
+        call = Reset(self.spec.game, None, tuple(replay))
+        outcome = await self.engine.envs.call(self.slot, call)
+        if isinstance(outcome, WorkerCrashed):  # a fresh worker gets one more try
+            outcome = await self.engine.envs.call(self.slot, call)
+        if isinstance(outcome, Exception):
+            raise EnvFailure(f"reset failed: {type(outcome).__name__}: {outcome}")
+        self._actions = list(replay)
+        reply = _reply(outcome)
+        store = self.engine.store
+        if not self.started:
+            self._begin(reply.observation, str(reply.info.get("task", "")))
+        elif self.spec.resumed and self.resets == 0:
+            store.mark_resimulated(self.spec.episode_id)
+            store.log_event(
+                "resume",
+                f"re-simulated {len(self.spec.resume_steps)} recorded steps",
+                self.spec.episode_id,
+            )
+        self.resets += 1
+        return reply
+
+    def _begin(self, observation: str, task: str) -> None:
+        spec = self.spec
+        self.engine.store.start_episode(
+            episode_id=spec.episode_id,
+            game=spec.game,
+            task_type=spec.task_type,
+            trial=spec.trial,
+            arm=self.engine.arm,
+            prompt_prefix=spec.prefix,
+            observation=observation,
+            task=task,
+            memory=spec.memory,
+        )
+        self.started = True
+
+    async def step(self, action: str) -> EnvReply:
+        self.engine.check_stop()
+        envs = self.engine.envs
+        outcome = await envs.call(self.slot, action)
+        if isinstance(outcome, WorkerCrashed):
+            # re-simulate the episode on a fresh worker, then retry the action in flight
+            store = self.engine.store
+            store.log_event("worker_crash", outcome.reason, self.spec.episode_id)
+            replayed = await envs.call(self.slot, Reset(self.spec.game, None, tuple(self._actions)))
+            if isinstance(replayed, Exception):
+                raise EnvFailure(f"env error: {type(replayed).__name__}: {replayed}")
+            store.mark_resimulated(self.spec.episode_id)
+            outcome = await envs.call(self.slot, action)
+        if isinstance(outcome, Exception):
+            raise EnvFailure(f"env error: {type(outcome).__name__}: {outcome}")
+        self._actions.append(action)
+        return _reply(outcome)
+
+    # -- model ----------------------------------------------------------------------------------
+    async def generate(self, request: Request) -> Completion:
+        return await self.engine.generate(
+            request, self.spec.game, self.spec.trial, self.spec.episode_id
+        )
+
+    def record(self, step: Step) -> None:
+        self.engine.store.add_step(self.spec.episode_id, step)
+
+    def fail(self, error: str) -> None:
+        """End the episode as an infrastructure error (its row is made if it has none)."""
+        if not self.started:
+            self._begin("", "")
+        log.warning("episode %s: %s", self.spec.episode_id, error)
+        self.engine.store.finish_episode(
+            self.spec.episode_id,
+            status=EpisodeStatus.ERROR.value,
+            won=False,
+            failure_class=FailureClass.INFRA_ERROR.value,
+            error=error[:2000],
+        )
+
+
+class Engine:
+    """Plays episodes concurrently (``concurrency`` env slots) and records everything."""
+
+    def __init__(
+        self,
+        store: RunStore,
+        model: ModelClient,
+        envs: AsyncEnvPool,
+        *,
+        arm: str,
+        reflector: ModelClient | None = None,
+        should_stop: Callable[[Usage], str | None] = lambda usage: None,
+        on_episode_done: Callable[[EpisodeSpec, EpisodeEnd | None], None] = lambda s, e: None,
+    ) -> None:
+        self.store = store
+        self.model = model
+        self.reflector = reflector or model
+        self.envs = envs
+        self.arm = arm
+        self.should_stop = should_stop
+        self.on_episode_done = on_episode_done
+        totals = store.token_totals()
+        self.usage = Usage(totals["prompt"], totals["completion"], totals["cached_prompt"])
+        self._free: asyncio.Queue[int] | None = None
+        self.stopped: str | None = None
+
+    def check_stop(self) -> None:
+        if self.stopped is None:
+            self.stopped = self.should_stop(self.usage)
+        if self.stopped is not None:
+            raise StopRun(self.stopped)
+
+    async def generate(
+        self, request: Request, game: str, trial: int, episode_id: str | None = None
+    ) -> Completion:
+        """A model call on behalf of an episode (or of a task: reflect, judge), recorded."""
+        self.check_stop()
+        started = time.perf_counter()
+        client = self.reflector if request.purpose in ("reflect", "judge") else self.model
+        try:
+            completion = await client.generate(request)
+        except BackendError as exc:
+            self.store.add_model_call(
+                ModelCall(
+                    purpose=request.purpose, game=game, trial=trial, episode_id=episode_id,
+                    latency_s=time.perf_counter() - started, error=str(exc)[:2000],
+                )
+            )  # fmt: skip
+            self.store.log_event("infra_error", f"{type(exc).__name__}: {exc}", episode_id)
+            raise
+        self.usage.add(completion)
+        self.store.add_model_call(
+            ModelCall(
+                purpose=request.purpose, game=game, trial=trial, episode_id=episode_id,
+                prompt_tokens=completion.prompt_tokens,
+                completion_tokens=completion.completion_tokens,
+                cached_tokens=completion.cached_tokens, latency_s=completion.latency_s,
+                retries=completion.retries,
+            )
+        )  # fmt: skip
+        if completion.retries:
+            self.store.log_event("retry", f"{completion.retries} retries", episode_id)
+        return completion
+
+    async def play(self, spec: EpisodeSpec, agent: Agent) -> EpisodeEnd | None:
+        """Play one episode in a free slot; its end, or None when the harness failed it."""
+        if self._free is None:
+            self._free = asyncio.Queue()
+            for slot in range(self.envs.slots):
+                self._free.put_nowait(slot)
+        self.check_stop()
+        slot = await self._free.get()
+        try:
+            episode = _Episode(self, spec, slot)
+            try:
+                end = await agent.play(episode)
+            except (BackendError, EnvFailure) as exc:
+                prefix = "backend: " if isinstance(exc, BackendError) else ""
+                episode.fail(f"{prefix}{exc}")
+                self.on_episode_done(spec, None)
+                return None
+            self.store.finish_episode(
+                spec.episode_id,
+                status=EpisodeStatus.DONE.value,
+                won=end.won,
+                failure_class=end.failure_class,
+                verdict=end.verdict,
+            )
+            self.on_episode_done(spec, end)
+            return end
+        finally:
+            self._free.put_nowait(slot)
