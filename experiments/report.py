@@ -293,10 +293,13 @@ def _line_label(s: dict[str, Any], label: str, duplicate: bool) -> str:
 
 
 def plot_learning_curve(
-    summaries: Sequence[dict[str, Any]], labels: Sequence[str], path: Path
+    summaries: Sequence[dict[str, Any]],
+    labels: Sequence[str],
+    path: Path,
+    paired: Sequence[dict[str, Any]] = (),
 ) -> Path:
     """Cumulative success rate vs trial, one line per run (like the Reflexion paper's figure),
-    each with its Wilson interval as a band."""
+    each with its Wilson interval as a band; for two runs, the paired test's p-values."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=FIG_SIZE_IN, dpi=FIG_DPI)
     names = [f"{s['model']} · {s['arm']}" for s in summaries]
@@ -330,6 +333,9 @@ def plot_learning_curve(
     )
     if summaries:
         ax.legend(loc="lower right")
+    if len(summaries) == 2 and paired:
+        text = ", ".join(f"trial {p['trial']}: p = {_p(p['p_value'])}" for p in paired)
+        ax.text(0.02, 0.97, f"McNemar exact: {text}", transform=ax.transAxes, va="top", fontsize=8)
     return _save(fig, path)
 
 
@@ -591,7 +597,7 @@ def write_report(run_dirs: Sequence[Path], out_dir: Path | None = None) -> Path:
         for label, s in zip(labels, summaries, strict=True):
             _write_json(out / f"summary-{label}.json", s)
         _write_json(out / "comparison.json", {"runs": comparison, "paired": paired})
-    plot_learning_curve(summaries, labels, out / "learning_curve.png")
+    plot_learning_curve(summaries, labels, out / "learning_curve.png", paired)
     plot_failures(summaries, labels, out / "failures.png")
     (out / "report.md").write_text(markdown_report(summaries, labels, comparison, paired))
     write_static_page(

@@ -365,9 +365,7 @@ _READ_VIEWS: dict[int, tuple[str, ...]] = {1: _V1_READ_VIEWS}
 
 
 def _cannot_open(run_dir: Path, exc: sqlite3.Error) -> RunStoreError:
-    return RunStoreError(
-        f"cannot read the run store in {str(run_dir)!r}: {exc} (is {DB_NAME} a SQLite file?)"
-    )
+    return RunStoreError(f"cannot read the run store in {str(run_dir)!r}: {exc}")
 
 
 class RunReader:

@@ -9,6 +9,8 @@ import hashlib
 import json
 import shutil
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -226,6 +228,13 @@ def test_a_newer_store_is_refused_untouched(run: Path) -> None:
         assert "schema version 3, newer than this reflexsim reads (2)" in message
         assert "upgrade reflexsim" in message and "\n" not in message
     assert sha(run / DB_NAME) == before
+    r = subprocess.run(
+        [sys.executable, "-m", "experiments.cli", "report", str(run)],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.startswith("reflexsim: error: ") and r.stderr.count("\n") == 1
+    assert "upgrade reflexsim" in r.stderr
 
 
 def test_a_store_without_a_version_is_refused(tmp_path: Path) -> None:
