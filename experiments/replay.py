@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 from typing import TextIO
 
+from agents.prompting import transcript_action
 from experiments.errors import RunStoreError
 from experiments.store import RunReader, episode_id, open_reader
 from experiments.viewer.data import prompt_memory
@@ -68,14 +69,15 @@ def replay(run_dir: Path, game: str, trial: int, out: TextIO) -> None:
     for s in steps:
         w("\n")
         if s.kind == StepKind.THINK:
-            w(paint(f"[{s.index}] ", "dim") + f"> {_clean(s.action)}\n")
+            w(paint(f"[{s.index}] ", "dim") + f"> {_clean(transcript_action(s))}\n")
         elif s.kind == StepKind.INVALID:
             w(paint(f"[{s.index}] ", "dim") + paint("(invalid output)", "failed") + "\n")
             w(block(s.raw_output or "(empty)", "    raw: ") + "\n")
         else:
             flag = "" if s.admissible else "  " + paint("[not admissible]", "warn")
-            w(paint(f"[{s.index}] ", "dim") + f"> {_clean(s.action)}{flag}\n")
-            if s.raw_output.strip() != s.action:
+            shown = transcript_action(s)
+            w(paint(f"[{s.index}] ", "dim") + f"> {_clean(shown)}{flag}\n")
+            if s.raw_output.strip() != shown:
                 w(paint(block(s.raw_output, "    raw: "), "dim") + "\n")
         w(block(s.observation) + "\n")
         if s.verdict:
