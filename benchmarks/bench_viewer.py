@@ -1,7 +1,9 @@
-"""Viewer and report costs on a run of the paper's size (134 tasks, 5 trials), side by side.
+"""Viewer, report and progress-line costs on a run of the paper's size (134 tasks, 5 trials).
 
 Prints medians of repeats and ratios measured in one run:
 - the outcome query the report and task list use vs loading full episode rows (with prompts);
+- the progress line after an episode: solved count and tokens from ``progress()`` (an index and
+  the running call totals) vs re-reading every episode and summing every recorded call;
 - /api/run and /api/episode latency, idle vs while a writer commits steps (WAL readers);
 - write_report time and the static index.html size.
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import sqlite3
 import statistics
 import sys
 import tempfile
@@ -24,9 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from runfactory import TaskPlan, episode_steps, game_id, make_run  # noqa: E402
 
-from experiments.report import episode_outcomes, open_run, write_report  # noqa: E402
-from experiments.store import RunStore, episode_id  # noqa: E402
+from experiments.report import write_report  # noqa: E402
+from experiments.store import RunStore, episode_id, open_reader  # noqa: E402
 from experiments.viewer import serve  # noqa: E402
+from memory.records import ModelCall  # noqa: E402
 
 TYPES = ("put", "clean", "heat", "cool", "examine", "puttwo")
 
@@ -60,13 +64,37 @@ def bench(a: argparse.Namespace, tmp: Path) -> None:
     run = make_run(tmp / "run", plans, trials=a.trials)
     print(f"built run: {a.tasks} tasks x {a.trials} trials in {time.perf_counter() - t:.1f} s")
 
-    store = open_run(run)
-    light = median_ms(lambda: episode_outcomes(store), a.repeats)
-    full = median_ms(lambda: store.episodes(), a.repeats)
-    n = len(store.episodes())
-    store.close()
+    writer = RunStore(run)  # the engine records one act call per step
+    for eid, steps in writer.all_steps().items():
+        game, trial = eid.rsplit("#t", 1)
+        for s in steps:
+            writer.add_model_call(ModelCall("act", game, int(trial), eid, s.prompt_tokens,
+                                            s.completion_tokens, s.cached_tokens, s.latency_s))  # fmt: skip
+    writer.close()
+
+    reader = open_reader(run)
+    light = median_ms(reader.outcomes, a.repeats)
+    full = median_ms(reader.episodes, a.repeats)
+    n = len(reader.episodes())
     print(f"{n} episodes: outcome query {light:.1f} ms vs full rows {full:.1f} ms"
           f" -> full/light = {full / light:.1f}x")  # fmt: skip
+
+    raw = sqlite3.connect(f"file:{run / 'run.sqlite'}?mode=ro", uri=True)
+    calls = raw.execute("SELECT COUNT(*) FROM model_calls").fetchone()[0]
+
+    def rescan() -> tuple[int, int]:
+        solved = len({e.game for e in reader.episodes() if e.won})
+        p, c = raw.execute(
+            "SELECT SUM(prompt_tokens), SUM(completion_tokens) FROM model_calls"
+        ).fetchone()
+        return solved, p + c
+
+    assert rescan() == (reader.progress().solved, reader.progress().tokens)
+    scan, cheap = median_ms(rescan, a.repeats), median_ms(reader.progress, a.repeats)
+    raw.close()
+    reader.close()
+    print(f"progress line ({calls} calls): re-read {scan:.2f} ms vs progress() {cheap:.3f} ms"
+          f" -> {scan / cheap:.0f}x")  # fmt: skip
 
     eid = episode_id(plans[0].game, 0)
     with serve(run) as srv:

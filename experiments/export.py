@@ -5,31 +5,37 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+from enum import Enum
 from pathlib import Path
+from typing import Any
 
-from experiments.store import RunStore
+from experiments.store import open_reader
+
+
+def _plain(row: dict[str, Any]) -> dict[str, Any]:
+    """Enum members as their values, so JSON and CSV carry plain strings."""
+    return {k: v.value if isinstance(v, Enum) else v for k, v in row.items()}
 
 
 def export(run_dir: Path, fmt: str, out_dir: Path | None = None) -> list[Path]:
     """Write ``episodes.<fmt>`` and ``steps.<fmt>``; returns their paths."""
     if fmt not in ("jsonl", "csv"):
         raise ValueError(f"unknown export format {fmt!r}: use jsonl or csv")
-    store = RunStore(run_dir, readonly=True)
-    out = out_dir or run_dir / "export"
-    out.mkdir(parents=True, exist_ok=True)
-    try:
+    with open_reader(run_dir) as reader:
+        out = out_dir or run_dir / "export"
+        out.mkdir(parents=True, exist_ok=True)
         episodes = []
         steps = []
-        for e in store.episodes():
-            row = dataclasses.asdict(e)
+        all_steps = reader.all_steps()
+        for e in reader.episodes():
+            row = _plain(dataclasses.asdict(e))
             row.pop("prompt_prefix")  # large and identical across a task's episodes
             episodes.append(row)
-            for s in store.steps(e.episode_id):
+            for s in all_steps.get(e.episode_id, []):
                 steps.append(
-                    {"episode_id": e.episode_id, "game": e.game, "trial": e.trial, **s.to_dict()}
+                    {"episode_id": e.episode_id, "game": e.game, "trial": e.trial}
+                    | _plain(s.to_dict())
                 )
-    finally:
-        store.close()
     paths = [out / f"episodes.{fmt}", out / f"steps.{fmt}"]
     for path, rows in zip(paths, (episodes, steps), strict=True):
         if fmt == "jsonl":

@@ -9,10 +9,11 @@ import textwrap
 from pathlib import Path
 from typing import TextIO
 
+from agents.prompting import transcript_action
 from experiments.errors import RunStoreError
-from experiments.report import episode_outcomes, open_run
-from experiments.store import RunStore, episode_id
+from experiments.store import RunReader, episode_id, open_reader
 from experiments.viewer.data import prompt_memory
+from memory.records import EpisodeStatus, StepKind
 
 # Model text may hold terminal escape sequences: never pass control characters through.
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -39,29 +40,26 @@ def replay(run_dir: Path, game: str, trial: int, out: TextIO) -> None:
     def block(text: str, indent: str = "  ") -> str:
         return textwrap.indent(_clean(text), indent, lambda line: True)
 
-    store = open_run(Path(run_dir))
-    try:
-        row = store.episode(episode_id(game, trial))
+    with open_reader(Path(run_dir)) as reader:
+        row = reader.episode(episode_id(game, trial))
         if row is None:
-            raise RunStoreError(_missing(store, game, trial, run_dir))
-        steps = store.steps(row.episode_id)
-        after = [r for r in store.reflections(row.game) if r.trial == row.trial]
-    finally:
-        store.close()
+            raise RunStoreError(_missing(reader, game, trial, run_dir))
+        steps = reader.steps(row.episode_id)
+        after = [r for r in reader.reflections(row.game) if r.trial == row.trial]
 
     if row.won:
         outcome = paint("WON", "won")
-    elif row.status == "error":
+    elif row.status is EpisodeStatus.ERROR:
         outcome = paint("ERROR (harness)", "error")
-    elif row.status in ("running", "interrupted"):
-        outcome = paint(row.status.upper(), "warn")
+    elif row.status in (EpisodeStatus.RUNNING, EpisodeStatus.INTERRUPTED):
+        outcome = paint(row.status.value.upper(), "warn")
     else:
         outcome = paint("FAILED", "failed")
     w = out.write
     w(paint(f"{_clean(row.game)}  trial {row.trial}  [{row.arm}]", "bold") + f"  {outcome}\n")
     if row.task:
         w(f"task: {_clean(row.task)}\n")
-    w(f"type: {row.task_type}   steps: {len(steps)}   status: {row.status}\n")
+    w(f"type: {row.task_type}   steps: {len(steps)}   status: {row.status.value}\n")
     memory = prompt_memory(row)
     if memory:
         w("\nreflections in the prompt:\n")
@@ -70,15 +68,16 @@ def replay(run_dir: Path, game: str, trial: int, out: TextIO) -> None:
     w("\n" + block(row.observation, "") + "\n")
     for s in steps:
         w("\n")
-        if s.kind == "think":
-            w(paint(f"[{s.index}] ", "dim") + f"> {_clean(s.action)}\n")
-        elif s.kind == "invalid":
+        if s.kind == StepKind.THINK:
+            w(paint(f"[{s.index}] ", "dim") + f"> {_clean(transcript_action(s))}\n")
+        elif s.kind == StepKind.INVALID:
             w(paint(f"[{s.index}] ", "dim") + paint("(invalid output)", "failed") + "\n")
             w(block(s.raw_output or "(empty)", "    raw: ") + "\n")
         else:
             flag = "" if s.admissible else "  " + paint("[not admissible]", "warn")
-            w(paint(f"[{s.index}] ", "dim") + f"> {_clean(s.action)}{flag}\n")
-            if s.raw_output.strip() != s.action:
+            shown = transcript_action(s)
+            w(paint(f"[{s.index}] ", "dim") + f"> {_clean(shown)}{flag}\n")
+            if s.raw_output.strip() != shown:
                 w(paint(block(s.raw_output, "    raw: "), "dim") + "\n")
         w(block(s.observation) + "\n")
         if s.verdict:
@@ -86,7 +85,7 @@ def replay(run_dir: Path, game: str, trial: int, out: TextIO) -> None:
     w("\n" + "-" * 60 + "\n")
     w(f"outcome: {outcome}")
     if row.failure_class and not row.won:
-        w(f"   failure class: {row.failure_class}")
+        w(f"   failure class: {row.failure_class.value}")
     w("\n")
     if row.verdict:
         w(f"evaluator verdict: {_clean(row.verdict)}\n")
@@ -99,8 +98,8 @@ def replay(run_dir: Path, game: str, trial: int, out: TextIO) -> None:
         w(f"\nreflection written after this trial:\n{block(after[0].text)}\n")
 
 
-def _missing(store: RunStore, game: str, trial: int, run_dir: Path) -> str:
-    outcomes = episode_outcomes(store)
+def _missing(reader: RunReader, game: str, trial: int, run_dir: Path) -> str:
+    outcomes = reader.outcomes()
     games = sorted({o.game for o in outcomes})
     if game in games:
         trials = [o.trial for o in outcomes if o.game == game]

@@ -4,10 +4,15 @@ Everything here reads the run store; nothing writes to it. Success is cumulative
 solved at trial k when it was won in at least one of trials 0..k, and it counts once. Errored
 episodes (the harness failed) are counted in ``errors``, never as agent failures.
 
+Uncertainty: every success rate carries a 95% Wilson interval (``success_ci``); two runs over the
+same tasks get a paired table (both / only A / only B / neither) and McNemar's exact test. The
+statistics come from scipy.
+
 Layout of the report directory:
 
 - one run: ``summary.json``; several runs: ``summary-<label>.json`` per run and ``comparison.json``
-- ``learning_curve.png`` (one line per run), ``failures.png`` (failure classes per trial)
+  (``runs``: one row per run; ``paired``: the paired tables)
+- ``learning_curve.png`` (one line and interval band per run), ``failures.png`` (failure classes per trial)
 - ``report.md`` (tables) and ``index.html`` (the replay viewer with the data embedded)
 """
 
@@ -15,15 +20,15 @@ from __future__ import annotations
 
 import json
 import re
-import sqlite3
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict
+from itertools import combinations
 from pathlib import Path
 from typing import Any
 
 from experiments.errors import RunStoreError
-from experiments.store import RunStore
+from experiments.store import Outcome, RunReader, open_reader
 from memory.records import EpisodeStatus, FailureClass
 
 # Fixed figure geometry, so the PNGs always have the same pixel size (no tight bbox).
@@ -35,44 +40,28 @@ PNG_SIZE = (int(FIG_SIZE_IN[0] * FIG_DPI), int(FIG_SIZE_IN[1] * FIG_DPI))
 AGENT_FAILURES = tuple(c.value for c in FailureClass if c is not FailureClass.INFRA_ERROR)
 ERROR_BAR = "harness error"
 
-_OUTCOME_COLUMNS = (
-    "episode_id, game, task_type, trial, arm, status, won, failure_class, verdict, judge_verdict,"
-    " started_at, finished_at"
-)
+CONFIDENCE = 0.95  # of every interval in the report
+BAND_ALPHA = 0.15  # opacity of the interval bands on the learning curve
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """An episode without its prompt and steps: what reports and the task list need."""
+# -- statistics (scipy) --------------------------------------------------------------------------
+def wilson_interval(successes: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """The Wilson score interval of a success rate; (0, 1) when there are no trials."""
+    if n == 0:
+        return (0.0, 1.0)
+    from scipy.stats import binomtest
 
-    episode_id: str
-    game: str
-    task_type: str
-    trial: int
-    arm: str
-    status: str
-    won: bool
-    failure_class: str | None
-    verdict: str | None
-    judge_verdict: str | None
-    started_at: float
-    finished_at: float | None
+    ci = binomtest(successes, n).proportion_ci(confidence_level=confidence, method="wilson")
+    return (float(ci.low), float(ci.high))
 
 
-def episode_outcomes(store: RunStore) -> list[Outcome]:
-    """All episodes' outcomes, ordered by trial then game (a light query: no prompts)."""
-    rows = store.conn.execute(
-        f"SELECT {_OUTCOME_COLUMNS} FROM episodes ORDER BY trial, game"
-    ).fetchall()
-    return [Outcome(**{**dict(r), "won": bool(r["won"])}) for r in rows]
+def mcnemar_exact(only_a: int, only_b: int) -> float:
+    """McNemar's exact test (two-sided): the binomial test of the discordant pairs at 1/2."""
+    if only_a + only_b == 0:
+        return 1.0
+    from scipy.stats import binomtest
 
-
-def open_run(run_dir: Path) -> RunStore:
-    """The run's store, read-only; a clear error when it is not a run directory."""
-    try:
-        return RunStore(run_dir, readonly=True)
-    except sqlite3.Error as exc:
-        raise RunStoreError(f"cannot read the run store in {str(run_dir)!r}: {exc}") from None
+    return float(binomtest(only_a, only_a + only_b, 0.5, alternative="two-sided").pvalue)
 
 
 def _task_type_of(game: str) -> str:
@@ -94,67 +83,69 @@ def _cost(model: str, tokens: dict[str, int]) -> float:
     return float(cost_usd(model, tokens["prompt"], tokens["completion"], tokens["cached_prompt"]))
 
 
-def summarize(store: RunStore) -> dict[str, Any]:
+def summarize(reader: RunReader) -> dict[str, Any]:
     """The summary of one run (the content of ``summary.json``)."""
-    manifest = store.get_meta("manifest") or {}
+    manifest = reader.get_meta("manifest") or {}
     config = manifest.get("config") or {}
-    outcomes = episode_outcomes(store)
-    trial_rows = {t["trial"]: t for t in store.trials()}
+    outcomes = reader.outcomes()
+    trial_rows = {t.trial: t for t in reader.trial_rows()}
 
     task_types: dict[str, str] = {}
     for game in manifest.get("games") or {}:
         task_types[game] = _task_type_of(game)
     for t in trial_rows.values():
-        for game in t["tasks"]:
+        for game in t.tasks:
             task_types.setdefault(game, _task_type_of(game))
     for o in outcomes:
         task_types[o.game] = o.task_type
+    total = len(task_types)
 
     arm = str(config.get("agent") or (outcomes[0].arm if outcomes else ""))
     model = str(config.get("model", ""))
     trial_numbers = sorted(set(trial_rows) | {o.trial for o in outcomes})
 
-    solved: set[str] = set()
+    solved_at: dict[str, int | None] = dict.fromkeys(sorted(task_types))
     trials: list[dict[str, Any]] = []
     for k in trial_numbers:
         in_trial = [o for o in outcomes if o.trial == k]
-        ran = trial_rows[k]["tasks"] if k in trial_rows else sorted({o.game for o in in_trial})
+        ran = trial_rows[k].tasks if k in trial_rows else sorted({o.game for o in in_trial})
         won = {o.game for o in in_trial if o.won}
-        new = won - solved
-        solved |= won
-        failed = [o for o in in_trial if o.status == EpisodeStatus.DONE.value and not o.won]
+        new = {g for g in won if solved_at[g] is None}
+        for game in new:
+            solved_at[game] = k
+        cumulative = sum(v is not None for v in solved_at.values())
+        failed = [o for o in in_trial if o.status is EpisodeStatus.DONE and not o.won]
         trials.append(
             {
                 "trial": k,
                 "tasks_run": len(ran),
                 "newly_solved": len(new),
-                "cumulative_solved": len(solved),
-                "success_rate": len(solved) / len(task_types) if task_types else 0.0,
+                "cumulative_solved": cumulative,
+                "success_rate": cumulative / total if total else 0.0,
+                "success_ci": list(wilson_interval(cumulative, total)),
                 "failed": len(failed),
-                "errors": sum(1 for o in in_trial if o.status == EpisodeStatus.ERROR.value),
+                "errors": sum(1 for o in in_trial if o.status is EpisodeStatus.ERROR),
                 "incomplete": sum(
                     1
                     for o in in_trial
-                    if o.status in (EpisodeStatus.RUNNING.value, EpisodeStatus.INTERRUPTED.value)
+                    if o.status in (EpisodeStatus.RUNNING, EpisodeStatus.INTERRUPTED)
                 ),
                 "failure_classes": _failure_counts(failed),
             }
         )
+    solved = sum(v is not None for v in solved_at.values())
 
     by_type: dict[str, dict[str, int]] = {}
     for game, kind in sorted(task_types.items()):
         entry = by_type.setdefault(kind, {"total": 0, "solved": 0})
         entry["total"] += 1
-        entry["solved"] += game in solved
+        entry["solved"] += solved_at[game] is not None
 
-    failed_all = [o for o in outcomes if o.status == EpisodeStatus.DONE.value and not o.won]
-    tokens = store.token_totals()
+    failed_all = [o for o in outcomes if o.status is EpisodeStatus.DONE and not o.won]
+    tokens = reader.token_totals()
     statuses: dict[str, int] = {}
     for o in outcomes:
-        statuses[o.status] = statuses.get(o.status, 0) + 1
-    events: dict[str, int] = {}
-    for e in store.events():
-        events[e["kind"]] = events.get(e["kind"], 0) + 1
+        statuses[o.status.value] = statuses.get(o.status.value, 0) + 1
     return {
         "model": model,
         "arm": arm,
@@ -163,19 +154,22 @@ def summarize(store: RunStore) -> dict[str, Any]:
         "memory_size": config.get("memory_size"),
         "max_steps": config.get("max_steps"),
         "trials_planned": config.get("trials"),
-        "total_tasks": len(task_types),
-        "solved": len(solved),
-        "success_rate": len(solved) / len(task_types) if task_types else 0.0,
+        "total_tasks": total,
+        "solved": solved,
+        "success_rate": solved / total if total else 0.0,
+        "success_ci": list(wilson_interval(solved, total)),
+        "solved_at_trial": solved_at,
         "trials": trials,
         "by_task_type": by_type,
         "failure_classes": _failure_counts(failed_all),
         "tokens": tokens,
+        "tokens_by_purpose": {p: asdict(c) for p, c in reader.calls_by_purpose().items()},
         "cost_usd": _cost(model, tokens),
-        "wall_s": _wall_s(store, outcomes),
+        "wall_s": _wall_s(reader, outcomes),
         "errors": statuses.get(EpisodeStatus.ERROR.value, 0),
         "episodes": statuses,
-        "events": events,
-        "status": store.get_meta("status"),
+        "events": reader.event_counts(),
+        "status": reader.get_meta("status"),
         "started_at": manifest.get("started_at"),
     }
 
@@ -183,14 +177,14 @@ def summarize(store: RunStore) -> dict[str, Any]:
 def _failure_counts(failed: Sequence[Outcome]) -> dict[str, int]:
     counts = dict.fromkeys(AGENT_FAILURES, 0)
     for o in failed:
-        name = o.failure_class or FailureClass.OTHER.value
+        name = (o.failure_class or FailureClass.OTHER).value
         counts[name] = counts.get(name, 0) + 1
     return counts
 
 
-def _wall_s(store: RunStore, outcomes: Sequence[Outcome]) -> float:
+def _wall_s(reader: RunReader, outcomes: Sequence[Outcome]) -> float:
     """The runner's recorded wall time; for a run still going, the span of its episodes."""
-    recorded = store.get_meta("wall_s")
+    recorded = reader.get_meta("wall_s")
     if recorded is not None:
         return float(recorded)
     if not outcomes:
@@ -204,11 +198,8 @@ def _wall_s(store: RunStore, outcomes: Sequence[Outcome]) -> float:
 
 def summarize_run(run_dir: Path) -> dict[str, Any]:
     """``summarize`` of the run in ``run_dir`` (opened read-only)."""
-    store = open_run(run_dir)
-    try:
-        return summarize(store)
-    finally:
-        store.close()
+    with open_reader(run_dir) as reader:
+        return summarize(reader)
 
 
 # -- comparison ----------------------------------------------------------------------------------
@@ -227,9 +218,11 @@ def comparison_row(label: str, run_dir: Path, s: dict[str, Any]) -> dict[str, An
         "total_tasks": total,
         "solved_trial0": first,
         "success_trial0": first / total if total else 0.0,
+        "success_trial0_ci": list(wilson_interval(first, total)),
         "last_trial": s["trials"][-1]["trial"] if s["trials"] else None,
         "solved_last": last,
         "success_last": last / total if total else 0.0,
+        "success_last_ci": list(wilson_interval(last, total)),
         "tokens": tokens,
         "tokens_per_solved": tokens / last if last else None,
         "cost_usd": s["cost_usd"],
@@ -239,6 +232,60 @@ def comparison_row(label: str, run_dir: Path, s: dict[str, Any]) -> dict[str, An
     }
 
 
+def _known_until(s: dict[str, Any]) -> float:
+    """The last trial whose cumulative success is known: the last played, or forever once every
+    task is solved (later trials could not change it)."""
+    if s["total_tasks"] and s["solved"] == s["total_tasks"]:
+        return float("inf")
+    return float(s["trials"][-1]["trial"]) if s["trials"] else -1.0
+
+
+def paired_table(
+    a: dict[str, Any], b: dict[str, Any], trial: int, labels: tuple[str, str]
+) -> dict[str, Any]:
+    """Two runs over the same tasks at ``trial``: each task solved by then in both, only one or
+    neither, and McNemar's exact p-value for the difference."""
+    both = only_a = only_b = neither = 0
+    for game, at_a in a["solved_at_trial"].items():
+        at_b = b["solved_at_trial"][game]
+        in_a = at_a is not None and at_a <= trial
+        in_b = at_b is not None and at_b <= trial
+        both += in_a and in_b
+        only_a += in_a and not in_b
+        only_b += in_b and not in_a
+        neither += not (in_a or in_b)
+    return {
+        "a": labels[0],
+        "b": labels[1],
+        "trial": trial,
+        "tasks": both + only_a + only_b + neither,
+        "both": both,
+        "only_a": only_a,
+        "only_b": only_b,
+        "neither": neither,
+        "p_value": mcnemar_exact(only_a, only_b),
+    }
+
+
+def paired_comparisons(
+    summaries: Sequence[dict[str, Any]], labels: Sequence[str]
+) -> list[dict[str, Any]]:
+    """Every pair of runs over the same tasks, at trial 0 and at the last trial both have."""
+    out = []
+    for i, j in combinations(range(len(summaries)), 2):
+        a, b = summaries[i], summaries[j]
+        if not a["solved_at_trial"] or set(a["solved_at_trial"]) != set(b["solved_at_trial"]):
+            continue
+        until = min(_known_until(a), _known_until(b))
+        if until < 0:
+            continue
+        if until == float("inf"):
+            until = max(a["trials"][-1]["trial"], b["trials"][-1]["trial"])
+        for trial in sorted({0, int(until)}):
+            out.append(paired_table(a, b, trial, (labels[i], labels[j])))
+    return out
+
+
 # -- plots ---------------------------------------------------------------------------------------
 def _line_label(s: dict[str, Any], label: str, duplicate: bool) -> str:
     text = f"{s['model']} · {s['arm']}"
@@ -246,9 +293,13 @@ def _line_label(s: dict[str, Any], label: str, duplicate: bool) -> str:
 
 
 def plot_learning_curve(
-    summaries: Sequence[dict[str, Any]], labels: Sequence[str], path: Path
+    summaries: Sequence[dict[str, Any]],
+    labels: Sequence[str],
+    path: Path,
+    paired: Sequence[dict[str, Any]] = (),
 ) -> Path:
-    """Cumulative success rate vs trial, one line per run (like the Reflexion paper's figure)."""
+    """Cumulative success rate vs trial, one line per run (like the Reflexion paper's figure),
+    each with its Wilson interval as a band; for two runs, the paired test's p-values."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=FIG_SIZE_IN, dpi=FIG_DPI)
     names = [f"{s['model']} · {s['arm']}" for s in summaries]
@@ -262,6 +313,10 @@ def plot_learning_curve(
         )
         max_trial = max([max_trial, *xs])
         (line,) = ax.plot(xs, ys, marker="o", label=_line_label(s, label, names.count(name) > 1))
+        if s["total_tasks"]:
+            lows = [100.0 * t["success_ci"][0] for t in s["trials"]]
+            highs = [100.0 * t["success_ci"][1] for t in s["trials"]]
+            ax.fill_between(xs, lows, highs, color=line.get_color(), alpha=BAND_ALPHA, lw=0)
         planned = s.get("trials_planned") or 0
         if xs and s["solved"] == s["total_tasks"] > 0 and xs[-1] < planned - 1:
             # every task solved: later trials were not needed, and the rate cannot change
@@ -273,9 +328,14 @@ def plot_learning_curve(
     ax.set_xlim(-0.3, max_trial + 0.3)
     ax.set_xticks(range(max_trial + 1))
     ax.grid(True, alpha=0.3)
-    ax.set_title("Solved in at least one of trials 0..k")
+    ax.set_title(
+        f"Solved in at least one of trials 0..k (bands: {CONFIDENCE:.0%} Wilson intervals)"
+    )
     if summaries:
         ax.legend(loc="lower right")
+    if len(summaries) == 2 and paired:
+        text = ", ".join(f"trial {p['trial']}: p = {_p(p['p_value'])}" for p in paired)
+        ax.text(0.02, 0.97, f"McNemar exact: {text}", transform=ax.transAxes, va="top", fontsize=8)
     return _save(fig, path)
 
 
@@ -352,8 +412,17 @@ def _md_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
+def _ci(ci: Sequence[float]) -> str:
+    return f"{100.0 * ci[0]:.1f}–{100.0 * ci[1]:.1f}%"
+
+
+def _p(p: float) -> str:
+    return f"{p:.3g}" if p >= 0.001 else f"{p:.1e}"
+
+
 def trials_table(s: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
-    header = ["trial", "tasks run", "newly solved", "cumulative solved", "success", "errors"]
+    header = ["trial", "tasks run", "newly solved", "cumulative solved", "success", "95% CI"]
+    header.append("errors")
     rows = [
         [
             t["trial"],
@@ -361,6 +430,7 @@ def trials_table(s: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
             t["newly_solved"],
             t["cumulative_solved"],
             _pct(t["success_rate"]),
+            _ci(t["success_ci"]),
             t["errors"],
         ]
         for t in s["trials"]
@@ -377,6 +447,15 @@ def task_type_table(s: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
     return header, rows
 
 
+def calls_table(s: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
+    header = ["purpose", "calls", "prompt tokens", "cached", "completion tokens", "errors"]
+    rows = [
+        [p, c["calls"], c["prompt"], c["cached_prompt"], c["completion"], c["errors"]]
+        for p, c in sorted(s["tokens_by_purpose"].items())
+    ]
+    return header, rows
+
+
 def comparison_table(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
     header = [
         "run",
@@ -385,6 +464,7 @@ def comparison_table(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[li
         "tasks",
         "success trial 0",
         "success last trial",
+        "95% CI (last)",
         "tokens / solved",
         "cost / solved",
         "wall",
@@ -398,6 +478,7 @@ def comparison_table(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[li
             r["total_tasks"],
             _pct(r["success_trial0"]),
             f"{_pct(r['success_last'])} (trial {r['last_trial']})",
+            _ci(r["success_last_ci"]),
             _num(r["tokens_per_solved"]),
             _num(r["cost_per_solved"], "${:.4f}"),
             f"{r['wall_s']:.0f} s",
@@ -408,21 +489,52 @@ def comparison_table(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[li
     return header, out
 
 
+def paired_table_md(paired: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
+    header = ["A", "B", "trial", "tasks", "both", "only A", "only B", "neither", "p (McNemar)"]
+    rows = [
+        [
+            p["a"], p["b"], p["trial"], p["tasks"], p["both"], p["only_a"], p["only_b"],
+            p["neither"], _p(p["p_value"]),
+        ]
+        for p in paired
+    ]  # fmt: skip
+    return header, rows
+
+
 def markdown_report(
-    summaries: Sequence[dict[str, Any]], labels: Sequence[str], comparison: Sequence[dict[str, Any]]
+    summaries: Sequence[dict[str, Any]],
+    labels: Sequence[str],
+    comparison: Sequence[dict[str, Any]],
+    paired: Sequence[dict[str, Any]] = (),
 ) -> str:
     parts = ["# reflexsim report", ""]
     if len(summaries) > 1:
         parts += ["## Model comparison", "", _md_table(*comparison_table(comparison)), ""]
+        parts += ["## Paired comparison (same tasks)", ""]
+        if paired:
+            parts += [
+                "Each task once per run: solved by the trial or not. p: McNemar's exact test"
+                " (two-sided) on the tasks only one of the two runs solved.",
+                "",
+                _md_table(*paired_table_md(paired)),
+                "",
+            ]
+        else:
+            parts += ["No two runs played the same tasks: no paired test.", ""]
     for s, label in zip(summaries, labels, strict=True):
         t = s["tokens"]
         parts += [
             f"## {label}: {s['model']} · {s['arm']} · evaluator {s['evaluator']}",
             "",
-            f"Solved {s['solved']} of {s['total_tasks']} tasks ({_pct(s['success_rate'])});"
+            f"Solved {s['solved']} of {s['total_tasks']} tasks ({_pct(s['success_rate'])},"
+            f" {CONFIDENCE:.0%} CI {_ci(s['success_ci'])});"
             f" {s['errors']} errored episode(s) (harness, not agent).",
             f"Tokens: {t['prompt']} prompt ({t['cached_prompt']} cached), {t['completion']}"
             f" completion; cost ${s['cost_usd']:.4f}; wall {s['wall_s']:.0f} s.",
+            "",
+            "### Model calls by purpose",
+            "",
+            _md_table(*calls_table(s)),
             "",
             "### Trials (success is cumulative)",
             "",
@@ -461,6 +573,7 @@ def write_report(run_dirs: Sequence[Path], out_dir: Path | None = None) -> Path:
 
     The default directory is ``<first run>/report``.
     """
+    # imported here: the viewer package's server imports this module
     from experiments.viewer.static import write_static_page
 
     if not run_dirs:
@@ -477,15 +590,16 @@ def write_report(run_dirs: Sequence[Path], out_dir: Path | None = None) -> Path:
     comparison = [
         comparison_row(lb, d, s) for lb, d, s in zip(labels, dirs, summaries, strict=True)
     ]
+    paired = paired_comparisons(summaries, labels)
     if len(dirs) == 1:
         _write_json(out / "summary.json", summaries[0])
     else:
         for label, s in zip(labels, summaries, strict=True):
             _write_json(out / f"summary-{label}.json", s)
-        _write_json(out / "comparison.json", {"runs": comparison})
-    plot_learning_curve(summaries, labels, out / "learning_curve.png")
+        _write_json(out / "comparison.json", {"runs": comparison, "paired": paired})
+    plot_learning_curve(summaries, labels, out / "learning_curve.png", paired)
     plot_failures(summaries, labels, out / "failures.png")
-    (out / "report.md").write_text(markdown_report(summaries, labels, comparison))
+    (out / "report.md").write_text(markdown_report(summaries, labels, comparison, paired))
     write_static_page(
         dirs,
         labels,

@@ -1,40 +1,51 @@
 """The run store: one SQLite file (WAL) per run directory, the single source of truth.
 
-Every step is committed as it happens; reports, exports and the viewer only read this file.
-Primary keys make every write idempotent where a resumed run could repeat it.
+All SQL of the project lives in this module. ``RunStore`` writes: every step is committed as it
+happens, and primary keys make every write idempotent where a resumed run could repeat it.
+``RunReader`` (``open_reader``) reads through a read-only connection and returns frozen records
+with enum statuses and kinds; reports, export, replay and the viewer read only through it.
+
+Schema versions: a store records its version in ``meta``. Opening a version-1 store for writing
+migrates it in place (``model_calls`` created and backfilled from steps and reflections; a
+``migrate`` event records it). Opening one read-only never writes to the file: the same rows are
+derived by temporary views on the connection, so committed or shared runs render unchanged. A
+store newer than this code, or one without a version, is refused with a one-line error.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Self, TypeVar
 
 from experiments.errors import RunStoreError
-from memory.records import ModelCall, Reflection, Step
+from memory.records import EpisodeStatus, FailureClass, ModelCall, Reflection, Step, StepKind
 
 DB_NAME = "run.sqlite"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (
+# Version 1: the tables of every store (unchanged since the first release).
+_TABLES_V1 = (
+    """CREATE TABLE IF NOT EXISTS meta (
     key TEXT PRIMARY KEY,
     value TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS episodes (
+)""",
+    """CREATE TABLE IF NOT EXISTS episodes (
     episode_id TEXT PRIMARY KEY,
     game TEXT NOT NULL,
     task_type TEXT NOT NULL,
     trial INTEGER NOT NULL,
     arm TEXT NOT NULL,
-    status TEXT NOT NULL,            -- running | done | error | interrupted
+    status TEXT NOT NULL,            -- an EpisodeStatus value
     won INTEGER NOT NULL DEFAULT 0,
-    failure_class TEXT,
+    failure_class TEXT,              -- a FailureClass value
     verdict TEXT,                    -- the heuristic evaluator's reason, if it stopped the episode
     judge_verdict TEXT,              -- the LLM judge's opinion (never the success metric)
     judge_reason TEXT,
@@ -47,12 +58,12 @@ CREATE TABLE IF NOT EXISTS episodes (
     resimulated INTEGER NOT NULL DEFAULT 0,  -- times it was rebuilt from recorded actions
     started_at REAL NOT NULL,
     finished_at REAL
-);
-CREATE INDEX IF NOT EXISTS episodes_trial ON episodes(trial);
-CREATE TABLE IF NOT EXISTS steps (
+)""",
+    "CREATE INDEX IF NOT EXISTS episodes_trial ON episodes(trial)",
+    """CREATE TABLE IF NOT EXISTS steps (
     episode_id TEXT NOT NULL REFERENCES episodes(episode_id),
     idx INTEGER NOT NULL,
-    kind TEXT NOT NULL,              -- act | think | invalid
+    kind TEXT NOT NULL,              -- a StepKind value
     raw_output TEXT NOT NULL,        -- the model's text, untrusted
     action TEXT NOT NULL,            -- what was executed after parsing and grounding
     observation TEXT NOT NULL,
@@ -66,8 +77,8 @@ CREATE TABLE IF NOT EXISTS steps (
     verdict TEXT,
     created_at REAL NOT NULL,
     PRIMARY KEY (episode_id, idx)
-);
-CREATE TABLE IF NOT EXISTS reflections (
+)""",
+    """CREATE TABLE IF NOT EXISTS reflections (
     task TEXT NOT NULL,
     trial INTEGER NOT NULL,
     episode_id TEXT NOT NULL,
@@ -78,14 +89,26 @@ CREATE TABLE IF NOT EXISTS reflections (
     completion_tokens INTEGER NOT NULL DEFAULT 0,
     created_at REAL NOT NULL,
     PRIMARY KEY (task, trial)
-);
-CREATE TABLE IF NOT EXISTS trials (
+)""",
+    """CREATE TABLE IF NOT EXISTS trials (
     trial INTEGER PRIMARY KEY,
     tasks_json TEXT NOT NULL,        -- the tasks this trial ran (the unsolved ones)
     started_at REAL NOT NULL,
     finished_at REAL
-);
-CREATE TABLE IF NOT EXISTS model_calls (
+)""",
+    """CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    ts REAL NOT NULL,
+    kind TEXT NOT NULL,              -- retry | worker_crash | infra_error | budget | resume | ...
+    episode_id TEXT,
+    detail TEXT NOT NULL
+)""",
+)
+
+# Version 2: one row per model call of any purpose, and running totals kept by a trigger, so
+# budgets and the progress line read a few rows instead of summing every call.
+_TABLES_V2 = (
+    """CREATE TABLE IF NOT EXISTS model_calls (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     purpose TEXT NOT NULL,           -- act | reflect | judge | plan | value | ...
     game TEXT NOT NULL,
@@ -96,29 +119,91 @@ CREATE TABLE IF NOT EXISTS model_calls (
     cached_tokens INTEGER NOT NULL,
     latency_s REAL NOT NULL,
     retries INTEGER NOT NULL,
-    error TEXT,
+    error TEXT,                      -- the call failed after its retries: why
     created_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS events (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    ts REAL NOT NULL,
-    kind TEXT NOT NULL,              -- retry | worker_crash | infra_error | budget | resume | ...
-    episode_id TEXT,
-    detail TEXT NOT NULL
-);
-"""
+)""",
+    "CREATE INDEX IF NOT EXISTS model_calls_episode ON model_calls(episode_id)",
+    """CREATE TABLE IF NOT EXISTS call_totals (
+    purpose TEXT PRIMARY KEY,
+    calls INTEGER NOT NULL,
+    prompt_tokens INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL,
+    cached_tokens INTEGER NOT NULL,
+    latency_s REAL NOT NULL,
+    retries INTEGER NOT NULL,
+    errors INTEGER NOT NULL
+)""",
+    """CREATE TRIGGER IF NOT EXISTS model_calls_count AFTER INSERT ON model_calls BEGIN
+    INSERT INTO call_totals(purpose, calls, prompt_tokens, completion_tokens, cached_tokens,
+                            latency_s, retries, errors)
+    VALUES (NEW.purpose, 1, NEW.prompt_tokens, NEW.completion_tokens, NEW.cached_tokens,
+            NEW.latency_s, NEW.retries, NEW.error IS NOT NULL)
+    ON CONFLICT(purpose) DO UPDATE SET
+        calls = calls + 1,
+        prompt_tokens = prompt_tokens + excluded.prompt_tokens,
+        completion_tokens = completion_tokens + excluded.completion_tokens,
+        cached_tokens = cached_tokens + excluded.cached_tokens,
+        latency_s = latency_s + excluded.latency_s,
+        retries = retries + excluded.retries,
+        errors = errors + excluded.errors;
+END""",
+    "CREATE INDEX IF NOT EXISTS episodes_won ON episodes(game) WHERE won = 1",
+)
+
+_CALL_COLUMNS = (
+    "purpose, game, trial, episode_id, prompt_tokens, completion_tokens, cached_tokens,"
+    " latency_s, retries, error, created_at"
+)
+
+# The model calls a version-1 store implies: one act call per step, one reflect call per
+# reflection (v1 recorded no judge tokens). The migration inserts these rows; a read-only
+# connection sees the same rows through a temporary view.
+_V1_CALLS = f"""SELECT {_CALL_COLUMNS} FROM (
+    SELECT 'act' AS purpose, e.game AS game, e.trial AS trial, s.episode_id AS episode_id,
+        s.prompt_tokens AS prompt_tokens, s.completion_tokens AS completion_tokens,
+        s.cached_tokens AS cached_tokens, s.latency_s AS latency_s, 0 AS retries,
+        NULL AS error, s.created_at AS created_at
+    FROM steps s JOIN episodes e ON e.episode_id = s.episode_id
+    UNION ALL
+    SELECT 'reflect', r.task, r.trial, r.episode_id, r.prompt_tokens, r.completion_tokens, 0,
+        0.0, 0, NULL, r.created_at
+    FROM reflections r
+) ORDER BY created_at"""
+
+_V1_READ_VIEWS = (
+    f"""CREATE TEMP VIEW model_calls AS
+    SELECT row_number() OVER (ORDER BY created_at) AS id, {_CALL_COLUMNS} FROM ({_V1_CALLS})""",
+    """CREATE TEMP VIEW call_totals AS
+    SELECT purpose, COUNT(*) AS calls, SUM(prompt_tokens) AS prompt_tokens,
+        SUM(completion_tokens) AS completion_tokens, SUM(cached_tokens) AS cached_tokens,
+        SUM(latency_s) AS latency_s, SUM(retries) AS retries, SUM(error IS NOT NULL) AS errors
+    FROM model_calls GROUP BY purpose""",
+)
+
+STEP_COLUMNS = (
+    "idx", "kind", "raw_output", "action", "observation", "admissible", "prompt_tokens",
+    "completion_tokens", "cached_tokens", "latency_s", "reward", "won", "verdict",
+)  # fmt: skip
+
+_OUTCOME_COLUMNS = (
+    "episode_id, game, task_type, trial, arm, status, won, failure_class, verdict, judge_verdict,"
+    " started_at, finished_at"
+)
 
 
+# -- records -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class EpisodeRow:
+    """An episode with its prompt prefix and outcome (steps are read separately)."""
+
     episode_id: str
     game: str
     task_type: str
     trial: int
     arm: str
-    status: str
+    status: EpisodeStatus
     won: bool
-    failure_class: str | None
+    failure_class: FailureClass | None
     verdict: str | None
     judge_verdict: str | None
     judge_reason: str | None
@@ -133,16 +218,70 @@ class EpisodeRow:
     finished_at: float | None
 
 
-STEP_COLUMNS = (
-    "idx", "kind", "raw_output", "action", "observation", "admissible", "prompt_tokens",
-    "completion_tokens", "cached_tokens", "latency_s", "reward", "won", "verdict",
-)  # fmt: skip
+@dataclass(frozen=True)
+class Outcome:
+    """An episode without its prompt and steps: what reports and the task list need."""
+
+    episode_id: str
+    game: str
+    task_type: str
+    trial: int
+    arm: str
+    status: EpisodeStatus
+    won: bool
+    failure_class: FailureClass | None
+    verdict: str | None
+    judge_verdict: str | None
+    started_at: float
+    finished_at: float | None
 
 
-def _episode_row(row: sqlite3.Row) -> EpisodeRow:
-    d = dict(row)
-    d["won"] = bool(d["won"])
-    return EpisodeRow(**d)
+@dataclass(frozen=True)
+class StepCounts:
+    """How one episode's steps split by kind."""
+
+    steps: int = 0
+    invalid: int = 0
+    inadmissible: int = 0  # acts the game did not list as admissible
+    thoughts: int = 0
+
+
+@dataclass(frozen=True)
+class TrialRow:
+    trial: int
+    tasks: tuple[str, ...]  # the tasks this trial ran (the unsolved ones)
+    started_at: float
+    finished_at: float | None
+
+
+@dataclass(frozen=True)
+class EventRow:
+    id: int
+    ts: float
+    kind: str
+    episode_id: str | None
+    detail: str
+
+
+@dataclass(frozen=True)
+class CallTotals:
+    """The model calls of one purpose, summed."""
+
+    calls: int
+    prompt: int
+    completion: int
+    cached_prompt: int
+    latency_s: float
+    retries: int
+    errors: int
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What the progress line shows after each episode."""
+
+    solved: int  # distinct tasks won in any trial
+    tokens: int  # prompt + completion tokens of every model call
 
 
 def episode_id(game: str, trial: int) -> str:
@@ -150,12 +289,310 @@ def episode_id(game: str, trial: int) -> str:
     return f"{game}#t{trial}"
 
 
-class RunStore:
-    """Read/write access to one run's database. Writes are committed immediately."""
+_E = TypeVar("_E", bound=StrEnum)
+
+
+def _enum(kind: type[_E], value: str, where: str) -> _E:
+    try:
+        return kind(value)
+    except ValueError:
+        raise RunStoreError(
+            f"unknown {kind.__name__} {value!r} in {where}: upgrade reflexsim to read this run"
+        ) from None
+
+
+def _episode_fields(d: dict[str, Any]) -> dict[str, Any]:
+    where = f"episode {d['episode_id']!r}"
+    d["won"] = bool(d["won"])
+    d["status"] = _enum(EpisodeStatus, d["status"], where)
+    if d["failure_class"] is not None:
+        d["failure_class"] = _enum(FailureClass, d["failure_class"], where)
+    return d
+
+
+def _step(row: Mapping[str, Any], episode: str) -> Step:
+    d = dict(row)
+    d["index"] = d.pop("idx")
+    d["kind"] = _enum(StepKind, d["kind"], f"episode {episode!r}")
+    d["admissible"] = bool(d["admissible"])
+    d["won"] = bool(d["won"])
+    return Step(**d)
+
+
+# -- opening and versions ------------------------------------------------------------------------
+def _stored_version(conn: sqlite3.Connection, run_dir: Path) -> int | None:
+    """The store's schema version; None for an empty database (a new store)."""
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    if not tables:
+        return None
+    row = (
+        conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        if "meta" in tables
+        else None
+    )
+    try:
+        version = int(row[0]) if row is not None else 0
+    except ValueError:
+        version = 0
+    if version < 1:
+        raise RunStoreError(
+            f"{str(run_dir / DB_NAME)!r} has no schema version: it is not a reflexsim run store;"
+            " move it away or pick another run directory"
+        )
+    if version > SCHEMA_VERSION:
+        raise RunStoreError(
+            f"{str(run_dir / DB_NAME)!r} has schema version {version}, newer than this reflexsim"
+            f" reads ({SCHEMA_VERSION}): upgrade reflexsim (pip install -U reflexsim)"
+        )
+    return version
+
+
+def _migrate_v1(conn: sqlite3.Connection) -> None:
+    for statement in _TABLES_V2:
+        conn.execute(statement)
+    conn.execute(f"INSERT INTO model_calls({_CALL_COLUMNS}) {_V1_CALLS}")
+    (calls,) = conn.execute("SELECT COUNT(*) FROM model_calls").fetchone()
+    conn.execute(
+        "INSERT INTO events(ts, kind, episode_id, detail) VALUES (?, 'migrate', NULL, ?)",
+        (time.time(), json.dumps({"from": 1, "to": 2, "model_calls": calls})),
+    )
+
+
+# Version -> the step to the next version (in one transaction), and the temporary views that let
+# a read-only connection read that version as if it were current.
+_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _migrate_v1}
+_READ_VIEWS: dict[int, tuple[str, ...]] = {1: _V1_READ_VIEWS}
+
+
+def _cannot_open(run_dir: Path, exc: sqlite3.Error) -> RunStoreError:
+    return RunStoreError(f"cannot read the run store in {str(run_dir)!r}: {exc}")
+
+
+class RunReader:
+    """Typed, read-only access to one run's store (also the read half of ``RunStore``)."""
+
+    run_dir: Path
+    path: Path
+    schema_version: int  # the file's (a reader reads an older store through views)
+    _conn: sqlite3.Connection
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self._locate(run_dir)
+        uri = f"file:{self.path}?mode=ro"
+        self._conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+        try:
+            version = _stored_version(self._conn, self.run_dir)
+            if version is None:
+                raise RunStoreError(
+                    f"{str(self.run_dir)!r} is not a run directory (its {DB_NAME} is empty)"
+                )
+            for statement in _READ_VIEWS.get(version, ()):
+                self._conn.execute(statement)
+        except sqlite3.Error as exc:
+            self._conn.close()
+            raise _cannot_open(self.run_dir, exc) from None
+        except RunStoreError:
+            self._conn.close()
+            raise
+        self.schema_version = version
+        self._conn.row_factory = sqlite3.Row
+
+    def _locate(self, run_dir: str | Path) -> None:
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / DB_NAME
+        if not self.path.is_file():
+            raise RunStoreError(f"{str(self.run_dir)!r} is not a run directory (no {DB_NAME})")
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        """The raw connection, for tools outside the library (benchmarks); library code reads
+        through the methods below."""
+        return self._conn
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- meta --------------------------------------------------------------------------------
+    def get_meta(self, key: str, default: Any = None) -> Any:
+        row = self._conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return json.loads(row["value"]) if row else default
+
+    # -- episodes and steps ------------------------------------------------------------------
+    def episode(self, episode: str) -> EpisodeRow | None:
+        row = self._conn.execute("SELECT * FROM episodes WHERE episode_id=?", (episode,)).fetchone()
+        return EpisodeRow(**_episode_fields(dict(row))) if row else None
+
+    def episodes(self, trial: int | None = None) -> list[EpisodeRow]:
+        """Full episode rows (with prompt prefixes), ordered by trial then game."""
+        if trial is None:
+            rows = self._conn.execute("SELECT * FROM episodes ORDER BY trial, game").fetchall()
+        else:
+            rows = self._conn.execute(
+                "SELECT * FROM episodes WHERE trial=? ORDER BY game", (trial,)
+            ).fetchall()
+        return [EpisodeRow(**_episode_fields(dict(r))) for r in rows]
+
+    def outcomes(self) -> list[Outcome]:
+        """Every episode's outcome, ordered by trial then game (a light query: no prompts)."""
+        rows = self._conn.execute(
+            f"SELECT {_OUTCOME_COLUMNS} FROM episodes ORDER BY trial, game"
+        ).fetchall()
+        return [Outcome(**_episode_fields(dict(r))) for r in rows]
+
+    def steps(self, episode: str) -> list[Step]:
+        rows = self._conn.execute(
+            f"SELECT {', '.join(STEP_COLUMNS)} FROM steps WHERE episode_id=? ORDER BY idx",
+            (episode,),
+        ).fetchall()
+        return [_step(r, episode) for r in rows]
+
+    def all_steps(self) -> dict[str, list[Step]]:
+        """Every episode's steps in one query (episode id -> steps in order)."""
+        rows = self._conn.execute(
+            f"SELECT episode_id, {', '.join(STEP_COLUMNS)} FROM steps ORDER BY episode_id, idx"
+        ).fetchall()
+        out: dict[str, list[Step]] = {}
+        for r in rows:
+            d = dict(r)
+            eid = d.pop("episode_id")
+            out.setdefault(eid, []).append(_step(d, eid))
+        return out
+
+    def step_counts(self) -> dict[str, StepCounts]:
+        """Each episode's step counts by kind (episodes without steps are absent)."""
+        rows = self._conn.execute(
+            "SELECT episode_id, COUNT(*) n, SUM(kind = ?) invalid,"
+            " SUM(kind = ? AND admissible = 0) inadmissible, SUM(kind = ?) think"
+            " FROM steps GROUP BY episode_id",
+            (StepKind.INVALID.value, StepKind.ACT.value, StepKind.THINK.value),
+        ).fetchall()
+        return {
+            r["episode_id"]: StepCounts(
+                steps=r["n"],
+                invalid=r["invalid"] or 0,
+                inadmissible=r["inadmissible"] or 0,
+                thoughts=r["think"] or 0,
+            )
+            for r in rows
+        }
+
+    # -- reflections -------------------------------------------------------------------------
+    def reflections(self, task: str | None = None) -> list[Reflection]:
+        cols = "task, trial, episode_id, model, prompt_hash, text"
+        if task is None:
+            rows = self._conn.execute(
+                f"SELECT {cols} FROM reflections ORDER BY task, trial"
+            ).fetchall()
+        else:
+            rows = self._conn.execute(
+                f"SELECT {cols} FROM reflections WHERE task=? ORDER BY trial", (task,)
+            ).fetchall()
+        return [Reflection(**dict(r)) for r in rows]
+
+    # -- trials and events -------------------------------------------------------------------
+    def trial_rows(self) -> list[TrialRow]:
+        rows = self._conn.execute("SELECT * FROM trials ORDER BY trial").fetchall()
+        return [
+            TrialRow(
+                trial=r["trial"],
+                tasks=tuple(json.loads(r["tasks_json"])),
+                started_at=r["started_at"],
+                finished_at=r["finished_at"],
+            )
+            for r in rows
+        ]
+
+    def trials(self) -> list[dict[str, Any]]:
+        """``trial_rows`` as dicts (``trial``, ``tasks``, ``started_at``, ``finished_at``)."""
+        return [{**dataclasses.asdict(t), "tasks": list(t.tasks)} for t in self.trial_rows()]
+
+    def event_rows(self, kind: str | None = None) -> list[EventRow]:
+        if kind is None:
+            rows = self._conn.execute("SELECT * FROM events ORDER BY id").fetchall()
+        else:
+            rows = self._conn.execute(
+                "SELECT * FROM events WHERE kind=? ORDER BY id", (kind,)
+            ).fetchall()
+        return [EventRow(**dict(r)) for r in rows]
+
+    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
+        """``event_rows`` as dicts."""
+        return [dataclasses.asdict(e) for e in self.event_rows(kind)]
+
+    def event_counts(self) -> dict[str, int]:
+        rows = self._conn.execute(
+            "SELECT kind, COUNT(*) n FROM events GROUP BY kind ORDER BY kind"
+        ).fetchall()
+        return {r["kind"]: r["n"] for r in rows}
+
+    # -- model calls -------------------------------------------------------------------------
+    def model_calls(self, episode: str | None = None) -> list[ModelCall]:
+        """Recorded model calls in the order they were made (all, or one episode's)."""
+        cols = _CALL_COLUMNS.removesuffix(", created_at")
+        if episode is None:
+            rows = self._conn.execute(f"SELECT {cols} FROM model_calls ORDER BY id").fetchall()
+        else:
+            rows = self._conn.execute(
+                f"SELECT {cols} FROM model_calls WHERE episode_id=? ORDER BY id", (episode,)
+            ).fetchall()
+        return [ModelCall(**dict(r)) for r in rows]
+
+    def calls_by_purpose(self) -> dict[str, CallTotals]:
+        """Model calls summed per purpose (act, reflect, judge, ...)."""
+        rows = self._conn.execute("SELECT * FROM call_totals ORDER BY purpose").fetchall()
+        return {
+            r["purpose"]: CallTotals(
+                calls=r["calls"],
+                prompt=r["prompt_tokens"],
+                completion=r["completion_tokens"],
+                cached_prompt=r["cached_tokens"],
+                latency_s=float(r["latency_s"]),
+                retries=r["retries"],
+                errors=r["errors"],
+            )
+            for r in rows
+        }
+
+    def token_totals(self) -> dict[str, int]:
+        """Tokens of every model call, all purposes: ``prompt``, ``completion``, ``cached_prompt``."""
+        row = self._conn.execute(
+            "SELECT COALESCE(SUM(prompt_tokens), 0) p, COALESCE(SUM(completion_tokens), 0) c,"
+            " COALESCE(SUM(cached_tokens), 0) k FROM call_totals"
+        ).fetchone()
+        return {"prompt": row["p"], "completion": row["c"], "cached_prompt": row["k"]}
+
+    def progress(self) -> Progress:
+        """Solved tasks and tokens so far, from an index and the running totals (cheap)."""
+        row = self._conn.execute(
+            "SELECT (SELECT COUNT(DISTINCT game) FROM episodes WHERE won = 1) solved,"
+            " (SELECT COALESCE(SUM(prompt_tokens + completion_tokens), 0) FROM call_totals) tokens"
+        ).fetchone()
+        return Progress(solved=row["solved"], tokens=row["tokens"])
+
+
+def open_reader(run_dir: str | Path) -> RunReader:
+    """The run's store, read-only; a one-line RunStoreError when it cannot be read."""
+    return RunReader(run_dir)
+
+
+class RunStore(RunReader):
+    """Read/write access to one run's database. Writes are committed immediately.
+
+    ``readonly=True`` opens it like ``RunReader`` (the write methods then fail).
+    """
 
     def __init__(
         self, run_dir: str | Path, *, create: bool = False, readonly: bool = False
     ) -> None:
+        if readonly:
+            super().__init__(run_dir)
+            return
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / DB_NAME
         if create:
@@ -165,51 +602,58 @@ class RunStore:
                 raise RunStoreError(
                     f"cannot create run dir {str(self.run_dir)!r}: {exc.strerror}"
                 ) from None
-        elif not self.path.is_file():
-            raise RunStoreError(f"{str(self.run_dir)!r} is not a run directory (no {DB_NAME})")
-        if readonly:
-            uri = f"file:{self.path}?mode=ro"
-            self.conn = sqlite3.connect(
-                uri, uri=True, isolation_level=None, check_same_thread=False
-            )
         else:
-            self.conn = sqlite3.connect(
-                self.path, isolation_level=None, timeout=30, check_same_thread=False
-            )
-            self.conn.execute("PRAGMA journal_mode=WAL")
-            self.conn.execute("PRAGMA synchronous=NORMAL")
-            self.conn.executescript(SCHEMA)
-            self.conn.execute(
-                "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)",
-                (str(SCHEMA_VERSION),),
-            )
-        self.conn.row_factory = sqlite3.Row
+            self._locate(run_dir)
+        self._conn = sqlite3.connect(
+            self.path, isolation_level=None, timeout=30, check_same_thread=False
+        )
+        try:
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=NORMAL")
+            with self.transaction():
+                self._upgrade()
+        except sqlite3.Error as exc:
+            self._conn.close()
+            raise _cannot_open(self.run_dir, exc) from None
+        except RunStoreError:
+            self._conn.close()
+            raise
+        self._conn.row_factory = sqlite3.Row
 
-    def close(self) -> None:
-        self.conn.close()
+    def _upgrade(self) -> None:
+        """Create a new store, or migrate an older one to the current version (in a transaction)."""
+        found = _stored_version(self._conn, self.run_dir)
+        if found is None:
+            for statement in (*_TABLES_V1, *_TABLES_V2):
+                self._conn.execute(statement)
+        else:
+            for version in range(found, SCHEMA_VERSION):
+                _MIGRATIONS[version](self._conn)
+        self._conn.execute(
+            "INSERT INTO meta(key, value) VALUES ('schema_version', ?)"
+            " ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+            (str(SCHEMA_VERSION),),
+        )
+        self.schema_version = SCHEMA_VERSION
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
-        self.conn.execute("BEGIN IMMEDIATE")
+        self._conn.execute("BEGIN IMMEDIATE")
         try:
             yield
         except BaseException:
-            self.conn.execute("ROLLBACK")
+            self._conn.execute("ROLLBACK")
             raise
-        self.conn.execute("COMMIT")
+        self._conn.execute("COMMIT")
 
-    # -- meta / manifest -------------------------------------------------------------------
+    # -- meta / manifest ---------------------------------------------------------------------
     def set_meta(self, key: str, value: Any) -> None:
-        self.conn.execute(
+        self._conn.execute(
             "INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
             (key, json.dumps(value, sort_keys=True)),
         )
 
-    def get_meta(self, key: str, default: Any = None) -> Any:
-        row = self.conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
-        return json.loads(row["value"]) if row else default
-
-    # -- episodes and steps ----------------------------------------------------------------
+    # -- episodes and steps ------------------------------------------------------------------
     def start_episode(
         self,
         *,
@@ -223,18 +667,22 @@ class RunStore:
         task: str,
         memory: Sequence[Reflection],
     ) -> None:
-        self.conn.execute(
+        self._conn.execute(
             "INSERT INTO episodes(episode_id, game, task_type, trial, arm, status, prompt_prefix,"
-            " observation, task, memory_json, started_at) VALUES (?,?,?,?,?,'running',?,?,?,?,?)",
+            " observation, task, memory_json, started_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
             (
-                episode_id, game, task_type, trial, arm, prompt_prefix, observation, task,
-                json.dumps([r.to_dict() for r in memory]), time.time(),
+                episode_id, game, task_type, trial, arm, EpisodeStatus.RUNNING.value,
+                prompt_prefix, observation, task, json.dumps([r.to_dict() for r in memory]),
+                time.time(),
             ),
         )  # fmt: skip
 
     def add_step(self, episode: str, step: Step) -> None:
-        values = [step.index] + [getattr(step, c) for c in STEP_COLUMNS[1:]]
-        self.conn.execute(
+        """Record a step (its tokens stay on the step for the viewer; the model call that made
+        it is recorded separately with ``add_model_call``)."""
+        values = [step.index, StepKind(step.kind).value]
+        values += [getattr(step, c) for c in STEP_COLUMNS[2:]]
+        self._conn.execute(
             f"INSERT INTO steps(episode_id, {', '.join(STEP_COLUMNS)}, created_at)"
             f" VALUES (?, {', '.join('?' * len(STEP_COLUMNS))}, ?)",
             (episode, *values, time.time()),
@@ -250,91 +698,70 @@ class RunStore:
         verdict: str | None = None,
         error: str | None = None,
     ) -> None:
-        self.conn.execute(
+        """``status`` is an EpisodeStatus value and ``failure_class`` a FailureClass value."""
+        failure = FailureClass(failure_class).value if failure_class is not None else None
+        self._conn.execute(
             "UPDATE episodes SET status=?, won=?, failure_class=?, verdict=?, error=?, finished_at=?"
             " WHERE episode_id=?",
-            (status, int(won), failure_class, verdict, error, time.time(), episode),
+            (EpisodeStatus(status).value, int(won), failure, verdict, error, time.time(), episode),
         )
 
     def set_judge(self, episode: str, verdict: str, reason: str) -> None:
-        self.conn.execute(
+        self._conn.execute(
             "UPDATE episodes SET judge_verdict=?, judge_reason=? WHERE episode_id=?",
             (verdict, reason, episode),
         )
 
     def mark_resimulated(self, episode: str) -> None:
-        self.conn.execute(
+        self._conn.execute(
             "UPDATE episodes SET resimulated = resimulated + 1 WHERE episode_id=?", (episode,)
         )
 
     def retry_episode(self, episode: str) -> None:
-        """Forget an errored episode's steps so it is played again from the start."""
+        """Forget an errored episode's steps so it is played again from the start.
+
+        Its model calls stay recorded: they were made, and budgets count them.
+        """
         with self.transaction():
-            self.conn.execute("DELETE FROM steps WHERE episode_id=?", (episode,))
-            self.conn.execute(
-                "UPDATE episodes SET status='running', won=0, failure_class=NULL, verdict=NULL,"
+            self._conn.execute("DELETE FROM steps WHERE episode_id=?", (episode,))
+            self._conn.execute(
+                "UPDATE episodes SET status=?, won=0, failure_class=NULL, verdict=NULL,"
                 " error=NULL, finished_at=NULL, attempts=attempts+1 WHERE episode_id=?",
-                (episode,),
+                (EpisodeStatus.RUNNING.value, episode),
             )
 
     def discard_episode(self, episode: str) -> None:
         with self.transaction():
-            self.conn.execute("DELETE FROM steps WHERE episode_id=?", (episode,))
-            self.conn.execute("DELETE FROM episodes WHERE episode_id=?", (episode,))
+            self._conn.execute("DELETE FROM steps WHERE episode_id=?", (episode,))
+            self._conn.execute("DELETE FROM episodes WHERE episode_id=?", (episode,))
 
-    def episode(self, episode: str) -> EpisodeRow | None:
-        row = self.conn.execute("SELECT * FROM episodes WHERE episode_id=?", (episode,)).fetchone()
-        return _episode_row(row) if row else None
+    # -- model calls and reflections ---------------------------------------------------------
+    def add_model_call(self, call: ModelCall) -> None:
+        """Record one model call of any purpose (act, reflect, judge, plan, value, ...)."""
+        self._conn.execute(
+            f"INSERT INTO model_calls({_CALL_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                call.purpose, call.game, call.trial, call.episode_id, call.prompt_tokens,
+                call.completion_tokens, call.cached_tokens, call.latency_s, call.retries,
+                call.error, time.time(),
+            ),
+        )  # fmt: skip
 
-    def episodes(self, trial: int | None = None) -> list[EpisodeRow]:
-        if trial is None:
-            rows = self.conn.execute("SELECT * FROM episodes ORDER BY trial, game").fetchall()
-        else:
-            rows = self.conn.execute(
-                "SELECT * FROM episodes WHERE trial=? ORDER BY game", (trial,)
-            ).fetchall()
-        return [_episode_row(r) for r in rows]
-
-    def steps(self, episode: str) -> list[Step]:
-        rows = self.conn.execute(
-            f"SELECT {', '.join(STEP_COLUMNS)} FROM steps WHERE episode_id=? ORDER BY idx",
-            (episode,),
-        ).fetchall()
-        out = []
-        for r in rows:
-            d = dict(r)
-            d["index"] = d.pop("idx")
-            d["admissible"] = bool(d["admissible"])
-            d["won"] = bool(d["won"])
-            out.append(Step(**d))
-        return out
-
-    # -- reflections -----------------------------------------------------------------------
     def add_reflection(
         self, r: Reflection, prompt_tokens: int = 0, completion_tokens: int = 0
     ) -> None:
-        self.conn.execute(
+        """Record a reflection (its tokens are shown with it; the reflect call that wrote it is
+        recorded separately with ``add_model_call``)."""
+        self._conn.execute(
             "INSERT OR IGNORE INTO reflections(task, trial, episode_id, model, prompt_hash, text,"
             " prompt_tokens, completion_tokens, created_at) VALUES (?,?,?,?,?,?,?,?,?)",
             (r.task, r.trial, r.episode_id, r.model, r.prompt_hash, r.text, prompt_tokens,
              completion_tokens, time.time()),
         )  # fmt: skip
 
-    def reflections(self, task: str | None = None) -> list[Reflection]:
-        cols = "task, trial, episode_id, model, prompt_hash, text"
-        if task is None:
-            rows = self.conn.execute(
-                f"SELECT {cols} FROM reflections ORDER BY task, trial"
-            ).fetchall()
-        else:
-            rows = self.conn.execute(
-                f"SELECT {cols} FROM reflections WHERE task=? ORDER BY trial", (task,)
-            ).fetchall()
-        return [Reflection(**dict(r)) for r in rows]
-
-    # -- trials and events -----------------------------------------------------------------
+    # -- trials and events -------------------------------------------------------------------
     def start_trial(self, trial: int, tasks: Sequence[str]) -> None:
-        self.conn.execute(
+        self._conn.execute(
             "INSERT OR IGNORE INTO trials(trial, tasks_json, started_at) VALUES (?,?,?)",
             (trial, json.dumps(list(tasks)), time.time()),
         )
@@ -343,65 +770,27 @@ class RunStore:
         """Record that ``game`` runs in trial ``trial`` (tasks advance through trials on their
         own, so a trial's task list grows as its tasks reach it)."""
         with self.transaction():
-            row = self.conn.execute(
+            row = self._conn.execute(
                 "SELECT tasks_json FROM trials WHERE trial=?", (trial,)
             ).fetchone()
             if row is None:
-                self.conn.execute(
+                self._conn.execute(
                     "INSERT INTO trials(trial, tasks_json, started_at) VALUES (?,?,?)",
                     (trial, json.dumps([game]), time.time()),
                 )
                 return
             tasks = json.loads(row["tasks_json"])
             if game not in tasks:
-                self.conn.execute(
+                self._conn.execute(
                     "UPDATE trials SET tasks_json=? WHERE trial=?",
                     (json.dumps(sorted([*tasks, game])), trial),
                 )
 
-    def add_model_call(self, call: ModelCall) -> None:
-        """One model call of any purpose, with what it cost."""
-        self.conn.execute(
-            "INSERT INTO model_calls(purpose, game, trial, episode_id, prompt_tokens,"
-            " completion_tokens, cached_tokens, latency_s, retries, error, created_at)"
-            " VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-            (call.purpose, call.game, call.trial, call.episode_id, call.prompt_tokens,
-             call.completion_tokens, call.cached_tokens, call.latency_s, call.retries,
-             call.error, time.time()),
-        )  # fmt: skip
-
     def finish_trial(self, trial: int) -> None:
-        self.conn.execute("UPDATE trials SET finished_at=? WHERE trial=?", (time.time(), trial))
-
-    def trials(self) -> list[dict[str, Any]]:
-        rows = self.conn.execute("SELECT * FROM trials ORDER BY trial").fetchall()
-        return [{**dict(r), "tasks": json.loads(r["tasks_json"])} for r in rows]
+        self._conn.execute("UPDATE trials SET finished_at=? WHERE trial=?", (time.time(), trial))
 
     def log_event(self, kind: str, detail: str, episode: str | None = None) -> None:
-        self.conn.execute(
+        self._conn.execute(
             "INSERT INTO events(ts, kind, episode_id, detail) VALUES (?,?,?,?)",
             (time.time(), kind, episode, detail),
         )
-
-    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
-        if kind is None:
-            rows = self.conn.execute("SELECT * FROM events ORDER BY id").fetchall()
-        else:
-            rows = self.conn.execute(
-                "SELECT * FROM events WHERE kind=? ORDER BY id", (kind,)
-            ).fetchall()
-        return [dict(r) for r in rows]
-
-    def token_totals(self) -> dict[str, int]:
-        row = self.conn.execute(
-            "SELECT COALESCE(SUM(prompt_tokens),0) p, COALESCE(SUM(completion_tokens),0) c,"
-            " COALESCE(SUM(cached_tokens),0) k FROM steps"
-        ).fetchone()
-        ref = self.conn.execute(
-            "SELECT COALESCE(SUM(prompt_tokens),0) p, COALESCE(SUM(completion_tokens),0) c FROM reflections"
-        ).fetchone()
-        return {
-            "prompt": row["p"] + ref["p"],
-            "completion": row["c"] + ref["c"],
-            "cached_prompt": row["k"],
-        }

@@ -1,8 +1,11 @@
-"""Reports: summary.json against the run store, real PNGs of the right size, two-run comparison."""
+"""Reports: summary.json against the run store, real PNGs of the right size, two-run comparison
+with intervals and the paired test, and the committed results still render."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 import sqlite3
 import struct
 import zlib
@@ -16,23 +19,58 @@ from runfactory import (
     STEP_COMPLETION_TOKENS,
     STEP_PROMPT_TOKENS,
     baseline_tasks,
+    game_id,
     make_run,
     standard_tasks,
     task,
 )
 
 from experiments.errors import RunStoreError
-from experiments.report import PNG_SIZE, summarize_run, write_report
+from experiments.report import PNG_SIZE, summarize_run, wilson_interval, write_report
+from experiments.store import RunStore, open_reader
+from memory.records import ModelCall
+
+ROOT = Path(__file__).resolve().parent.parent
+COMMITTED = sorted(p.parent for p in (ROOT / "experiments" / "results").glob("*/*/run.sqlite"))
+JUDGE_PROMPT_TOKENS = 70
+JUDGE_COMPLETION_TOKENS = 3
+
+
+def record_calls(run_dir: Path) -> Path:
+    """Record the model calls that made a factory run, as the engine records them: one act call
+    per step, one reflect call per reflection, one judge call per judged episode."""
+    store = RunStore(run_dir)
+    try:
+        for e in store.episodes():
+            for s in store.steps(e.episode_id):
+                store.add_model_call(
+                    ModelCall("act", e.game, e.trial, e.episode_id, s.prompt_tokens,
+                              s.completion_tokens, s.cached_tokens, s.latency_s)
+                )  # fmt: skip
+            if e.judge_verdict is not None:
+                store.add_model_call(
+                    ModelCall("judge", e.game, e.trial, e.episode_id, JUDGE_PROMPT_TOKENS,
+                              JUDGE_COMPLETION_TOKENS)
+                )  # fmt: skip
+        for r in store.reflections():
+            store.add_model_call(
+                ModelCall("reflect", r.task, r.trial, r.episode_id, REFLECTION_PROMPT_TOKENS,
+                          REFLECTION_COMPLETION_TOKENS)
+            )  # fmt: skip
+    finally:
+        store.close()
+    return run_dir
 
 
 @pytest.fixture(scope="module")
 def reflexion_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_run(tmp_path_factory.mktemp("runs") / "reflexion", standard_tasks())
+    return record_calls(make_run(tmp_path_factory.mktemp("runs") / "reflexion", standard_tasks()))
 
 
 @pytest.fixture(scope="module")
 def react_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_run(tmp_path_factory.mktemp("runs") / "react", baseline_tasks(), arm="react")
+    run = make_run(tmp_path_factory.mktemp("runs") / "react", baseline_tasks(), arm="react")
+    return record_calls(run)
 
 
 @pytest.fixture(scope="module")
@@ -148,11 +186,47 @@ def test_summary_numbers_match_the_run_store(reflexion_run: Path, report_dir: Pa
     assert (p, c, k) == (
         steps * STEP_PROMPT_TOKENS, steps * STEP_COMPLETION_TOKENS, steps * STEP_CACHED_TOKENS,
     )  # fmt: skip
+    assert s["tokens_by_purpose"] == {
+        "act": {"calls": steps, "prompt": p, "completion": c, "cached_prompt": k,
+                "latency_s": pytest.approx(0.25 * steps), "retries": 0, "errors": 0},
+        "reflect": {"calls": 5, "prompt": 5 * REFLECTION_PROMPT_TOKENS,
+                    "completion": 5 * REFLECTION_COMPLETION_TOKENS, "cached_prompt": 0,
+                    "latency_s": 0.0, "retries": 0, "errors": 0},
+    }  # fmt: skip
+
+    # Intervals: every trial's cumulative success with its 95% Wilson interval.
+    for t in s["trials"]:
+        assert t["success_ci"] == pytest.approx(list(wilson_interval(t["cumulative_solved"], 4)))
+        assert t["success_ci"][0] <= t["success_rate"] <= t["success_ci"][1]
+    assert s["success_ci"] == pytest.approx(list(wilson_interval(3, 4)))
+    assert s["solved_at_trial"] == {
+        game_id("put", 1): 0, game_id("clean", 2): 1, game_id("heat", 3): 2, game_id("cool", 4): None,
+    }  # fmt: skip
+
+
+def test_judge_and_every_other_call_count_in_tokens_and_cost(tmp_path: Path) -> None:
+    run = record_calls(make_run(tmp_path / "llm", standard_tasks(), evaluator="llm"))
+    s = summarize_run(run)
+    judged = query(run, "SELECT COUNT(*) FROM episodes WHERE judge_verdict IS NOT NULL")[0][0]
+    assert judged == 8 and s["tokens_by_purpose"]["judge"]["calls"] == judged
+    by_purpose = s["tokens_by_purpose"]
+    for key in ("prompt", "completion", "cached_prompt"):
+        assert s["tokens"][key] == sum(c[key] for c in by_purpose.values())
+    (steps_p,) = query(run, "SELECT SUM(prompt_tokens) FROM steps")[0]
+    assert s["tokens"]["prompt"] == (
+        steps_p + 5 * REFLECTION_PROMPT_TOKENS + judged * JUDGE_PROMPT_TOKENS
+    )
+    # the budget check and the progress line read the same totals
+    with open_reader(run) as reader:
+        assert reader.token_totals() == s["tokens"]
+        assert reader.progress().tokens == s["tokens"]["prompt"] + s["tokens"]["completion"]
+        assert reader.progress().solved == s["solved"] == 3
 
 
 def test_cost_comes_from_the_price_table(tmp_path: Path) -> None:
     pricing = pytest.importorskip("agents.llm.pricing")
     run = make_run(tmp_path / "api", [task("put", 1, "won")], model="openai:gpt-4o", trials=1)
+    record_calls(run)
     s = summarize_run(run)
     t = s["tokens"]
     expected = pricing.cost_usd("openai:gpt-4o", t["prompt"], t["completion"], t["cached_prompt"])
@@ -172,7 +246,11 @@ def test_report_md_has_the_task_type_table(report_dir: Path) -> None:
     md = (report_dir / "report.md").read_text()
     assert "| task type | tasks | solved | success |" in md
     assert "| cool | 1 | 0 | 0.0% |" in md and "| heat | 1 | 1 | 100.0% |" in md
-    assert "| 2 | 2 | 1 | 3 | 75.0% | 0 |" in md  # trial 2: cumulative 3 of 4
+    assert (
+        "| trial | tasks run | newly solved | cumulative solved | success | 95% CI | errors |" in md
+    )
+    assert "| 2 | 2 | 1 | 3 | 75.0% | 30.1–95.4% | 0 |" in md  # trial 2: cumulative 3 of 4
+    assert "| act | 41 | 4100 | 3280 | 205 | 0 |" in md  # model calls by purpose
     html = (report_dir / "index.html").read_text()
     assert 'id="reflexsim-data"' in html and "learning_curve" in html
 
@@ -205,6 +283,23 @@ def test_two_runs_give_a_comparison_and_one_curve_with_both_lines(
     assert color_pixels(img, "#1f77b4") > 300 and color_pixels(img, "#ff7f0e") > 300
     single = pixels(write_report([reflexion_run], tmp_path / "one") / "learning_curve.png")
     assert color_pixels(single, "#ff7f0e") < 20  # a single run draws one line
+    # ... and its interval as a band: the line colour at 15% over white
+    assert color_pixels(single, band_color("#1f77b4"), tol=0.02) > 5000
+
+    # The paired test: same four tasks, at trial 0 and at trial 2 (the last both played).
+    paired = json.loads((out / "comparison.json").read_text())["paired"]
+    assert [
+        (p["a"], p["b"], p["trial"], p["both"], p["only_a"], p["only_b"], p["neither"])
+        for p in paired
+    ] == [("reflexion", "react", 0, 1, 0, 0, 3), ("reflexion", "react", 2, 2, 1, 0, 1)]
+    assert [p["p_value"] for p in paired] == [1.0, 1.0]  # one discordant task: p = 2 * 1/2
+    assert by_arm["reflexion"]["success_last_ci"] == pytest.approx(list(wilson_interval(3, 4)))
+    assert "| reflexion | react | 2 | 4 | 2 | 1 | 0 | 1 | 1 |" in md
+
+
+def band_color(hex_color: str, alpha: float = 0.15) -> str:
+    rgb = [int(hex_color[i : i + 2], 16) for i in (1, 3, 5)]
+    return "#" + "".join(f"{round(alpha * c + (1 - alpha) * 255):02x}" for c in rgb)
 
 
 def test_a_run_still_being_written(tmp_path: Path) -> None:
@@ -282,7 +377,9 @@ def test_a_real_run_report_and_its_prompts(
         assert t["cumulative_solved"] == cumulative
     assert s["trials"][-1]["cumulative_solved"] >= 1  # the learner wins once it has a reflection
     p, c = query(run_dir, "SELECT SUM(prompt_tokens), SUM(completion_tokens) FROM steps")[0]
-    assert s["tokens"]["prompt"] >= p > 0 and s["tokens"]["completion"] >= c
+    assert p > 0 and c > 0
+    calls = query(run_dir, "SELECT SUM(prompt_tokens), SUM(completion_tokens) FROM model_calls")
+    assert (s["tokens"]["prompt"], s["tokens"]["completion"]) == tuple(v or 0 for v in calls[0])
 
     sent = recorders[0].prompts
     store = RunStore(run_dir, readonly=True)
@@ -296,3 +393,47 @@ def test_a_real_run_report_and_its_prompts(
     finally:
         store.close()
     assert checked == len(sent) > 0
+
+
+# -- the committed results ------------------------------------------------------------------------
+SAME_KEYS = ("total_tasks", "solved", "success_rate", "by_task_type", "failure_classes", "tokens",
+             "errors", "episodes", "wall_s", "model", "arm")  # fmt: skip
+
+
+@pytest.mark.parametrize("run_dir", COMMITTED, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_committed_results_still_render(run_dir: Path, tmp_path: Path) -> None:
+    """Each committed run (a version-1 store) renders from its run.sqlite with the numbers of its
+    committed summary.json, and the viewer builds an episode's data and prompts."""
+    from experiments.viewer.data import load_episode, step_prompt
+
+    copy = tmp_path / run_dir.name
+    copy.mkdir()
+    shutil.copy(run_dir / "run.sqlite", copy / "run.sqlite")
+    s = json.loads((write_report([copy]) / "summary.json").read_text())
+    committed = json.loads((run_dir / "summary.json").read_text())
+    assert {k: s[k] for k in SAME_KEYS} == {k: committed[k] for k in SAME_KEYS}
+    assert [t["cumulative_solved"] for t in s["trials"]] == [
+        t["cumulative_solved"] for t in committed["trials"]
+    ]
+    assert all(len(t["success_ci"]) == 2 for t in s["trials"])
+    assert s["tokens_by_purpose"]["act"]["calls"] > 0
+
+    with open_reader(copy) as reader:
+        assert reader.schema_version == 1  # read as it is, through views
+        episode = reader.outcomes()[-1]
+        detail = load_episode(reader, episode.episode_id)
+        row = reader.episode(episode.episode_id)
+        steps = reader.steps(episode.episode_id)
+    assert detail is not None and len(detail["steps"]) == len(steps) > 0
+    assert step_prompt(row, steps, len(steps) - 1).startswith(row.prompt_prefix)
+
+
+@pytest.mark.skipif(not COMMITTED, reason="no committed results in this checkout")
+def test_reading_committed_results_in_place_changes_nothing() -> None:
+    run_dir = COMMITTED[0]
+    before = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in run_dir.iterdir()}
+    summarize_run(run_dir)
+    with open_reader(run_dir) as reader:
+        reader.token_totals()
+    after = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in run_dir.iterdir()}
+    assert after == before

@@ -2,85 +2,57 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from typing import Any
 
-from agents.prompting import actor_prompt
-from experiments.report import episode_outcomes
-from experiments.store import EpisodeRow, RunStore
+from agents.prompting import actor_prompt, transcript_action, transcript_pairs
+from experiments.store import EpisodeRow, RunReader, StepCounts
 from memory.records import Step
-
-
-def history_action(step: Step) -> str:
-    """The action text the transcript shows for a step (as the rollout renders it)."""
-    return step.action or step.raw_output.strip()
 
 
 def step_prompt(episode: EpisodeRow, steps: Sequence[Step], index: int) -> str:
     """The exact prompt the model answered with step ``index``."""
     if not 0 <= index < len(steps):
         raise IndexError(f"episode {episode.episode_id!r} has no step {index}")
-    history = [(history_action(s), s.observation) for s in steps[:index]]
-    return actor_prompt(episode.prompt_prefix, episode.observation, history)
-
-
-def _step_counts(store: RunStore) -> dict[str, dict[str, int]]:
-    rows = store.conn.execute(
-        "SELECT episode_id, COUNT(*) n, SUM(kind = 'invalid') invalid,"
-        " SUM(kind = 'act' AND admissible = 0) inadmissible, SUM(kind = 'think') think"
-        " FROM steps GROUP BY episode_id"
-    ).fetchall()
-    return {
-        r["episode_id"]: {
-            "steps": r["n"],
-            "invalid": r["invalid"] or 0,
-            "inadmissible": r["inadmissible"] or 0,
-            "thoughts": r["think"] or 0,
-        }
-        for r in rows
-    }
+    return actor_prompt(episode.prompt_prefix, episode.observation, transcript_pairs(steps[:index]))
 
 
 def run_index(
-    store: RunStore, run_id: int, label: str, summary: dict[str, Any] | None
+    reader: RunReader, run_id: int, label: str, summary: dict[str, Any] | None
 ) -> dict[str, Any]:
     """The run's header, summary and the outcome of every episode (no steps)."""
-    manifest = store.get_meta("manifest") or {}
+    manifest = reader.get_meta("manifest") or {}
     config = manifest.get("config") or {}
-    counts = _step_counts(store)
-    empty = {"steps": 0, "invalid": 0, "inadmissible": 0, "thoughts": 0}
+    counts = reader.step_counts()
+    outcomes = reader.outcomes()
     episodes = [
         {
             "id": o.episode_id,
             "game": o.game,
             "task_type": o.task_type,
             "trial": o.trial,
-            "status": o.status,
+            "status": o.status.value,
             "won": o.won,
-            "failure_class": o.failure_class,
+            "failure_class": o.failure_class.value if o.failure_class else None,
             "verdict": o.verdict,
             "judge_verdict": o.judge_verdict,
-            **counts.get(o.episode_id, empty),
+            **dataclasses.asdict(counts.get(o.episode_id, StepCounts())),
         }
-        for o in episode_outcomes(store)
+        for o in outcomes
     ]
     return {
         "id": run_id,
         "label": label,
         "model": str(config.get("model", "")),
-        "arm": str(config.get("agent") or _first_arm(store)),
+        "arm": str(config.get("agent") or (outcomes[0].arm if outcomes else "")),
         "evaluator": str(config.get("evaluator", "")),
-        "status": store.get_meta("status"),
+        "status": reader.get_meta("status"),
         "summary": summary,
-        "trials": [{"trial": t["trial"], "tasks": t["tasks"]} for t in store.trials()],
+        "trials": [{"trial": t.trial, "tasks": list(t.tasks)} for t in reader.trial_rows()],
         "episodes": episodes,
     }
-
-
-def _first_arm(store: RunStore) -> str:
-    row = store.conn.execute("SELECT arm FROM episodes LIMIT 1").fetchone()
-    return str(row["arm"]) if row else ""
 
 
 def prompt_memory(episode: EpisodeRow) -> list[dict[str, Any]]:
@@ -101,9 +73,9 @@ def prompt_memory(episode: EpisodeRow) -> list[dict[str, Any]]:
     ]
 
 
-def episode_detail(store: RunStore, episode: EpisodeRow, steps: Sequence[Step]) -> dict[str, Any]:
+def episode_detail(reader: RunReader, episode: EpisodeRow, steps: Sequence[Step]) -> dict[str, Any]:
     """One episode step by step, with the reflections its prompt showed and the one it led to."""
-    after = [r for r in store.reflections(episode.game) if r.trial == episode.trial]
+    after = [r for r in reader.reflections(episode.game) if r.trial == episode.trial]
     return {
         "id": episode.episode_id,
         "game": episode.game,
@@ -111,9 +83,9 @@ def episode_detail(store: RunStore, episode: EpisodeRow, steps: Sequence[Step]) 
         "task_type": episode.task_type,
         "trial": episode.trial,
         "arm": episode.arm,
-        "status": episode.status,
+        "status": episode.status.value,
         "won": episode.won,
-        "failure_class": episode.failure_class,
+        "failure_class": episode.failure_class.value if episode.failure_class else None,
         "verdict": episode.verdict,
         "judge_verdict": episode.judge_verdict,
         "judge_reason": episode.judge_reason,
@@ -129,12 +101,15 @@ def episode_detail(store: RunStore, episode: EpisodeRow, steps: Sequence[Step]) 
             if after
             else None
         ),
-        "steps": [{**s.to_dict(), "history_action": history_action(s)} for s in steps],
+        "steps": [
+            {**s.to_dict(), "kind": str(s.kind), "transcript_action": transcript_action(s)}
+            for s in steps
+        ],
     }
 
 
-def load_episode(store: RunStore, episode_id: str) -> dict[str, Any] | None:
-    row = store.episode(episode_id)
+def load_episode(reader: RunReader, episode_id: str) -> dict[str, Any] | None:
+    row = reader.episode(episode_id)
     if row is None:
         return None
-    return episode_detail(store, row, store.steps(episode_id))
+    return episode_detail(reader, row, reader.steps(episode_id))

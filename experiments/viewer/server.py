@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from experiments.errors import ConfigError
-from experiments.report import open_run, run_labels, summarize
+from experiments.errors import ConfigError, RunStoreError
+from experiments.report import run_labels, summarize
+from experiments.store import open_reader
 from experiments.viewer.data import load_episode, run_index, step_prompt
 from experiments.viewer.page import SERVED_CSP, asset, served_page
 
@@ -123,39 +124,32 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(
                 {"error": f"run store busy: {exc}"}, HTTPStatus.SERVICE_UNAVAILABLE, head
             )
+        except RunStoreError as exc:  # it opened at start: it changed or is locked right now
+            self._send_json({"error": str(exc)}, HTTPStatus.SERVICE_UNAVAILABLE, head)
 
     # -- API ---------------------------------------------------------------------------------
     def _api_run(self) -> dict[str, Any]:
-        store = open_run(self.run_dir)
-        try:
+        with open_reader(self.run_dir) as reader:
             return {
                 "mode": "served",
-                "runs": [run_index(store, 0, self.label, summarize(store))],
+                "runs": [run_index(reader, 0, self.label, summarize(reader))],
                 "comparison": None,
                 "plots": {},
             }
-        finally:
-            store.close()
 
     def _api_episode(self, episode_id: str) -> dict[str, Any]:
-        store = open_run(self.run_dir)
-        try:
-            detail = load_episode(store, episode_id)
-        finally:
-            store.close()
+        with open_reader(self.run_dir) as reader:
+            detail = load_episode(reader, episode_id)
         if detail is None:
             raise _NotFound(episode_id)
         return detail
 
     def _api_prompt(self, episode_id: str, index: int) -> dict[str, Any]:
-        store = open_run(self.run_dir)
-        try:
-            row = store.episode(episode_id)
+        with open_reader(self.run_dir) as reader:
+            row = reader.episode(episode_id)
             if row is None:
                 raise _NotFound(episode_id)
-            steps = store.steps(episode_id)
-        finally:
-            store.close()
+            steps = reader.steps(episode_id)
         try:
             prompt = step_prompt(row, steps, index)
         except IndexError:
@@ -214,7 +208,7 @@ def _allowed_hosts(host: str, port: int) -> frozenset[str] | None:
 def serve(run_dir: Path, host: str = "127.0.0.1", port: int = 0) -> ViewerServer:
     """Serve the replay viewer of ``run_dir`` in a background thread (``port=0``: any free port)."""
     run_dir = Path(run_dir)
-    open_run(run_dir).close()  # a clear error now rather than on the first request
+    open_reader(run_dir).close()  # a clear error now rather than on the first request
     handler: type[_Handler] = type(
         "ViewerHandler",
         (_Handler,),

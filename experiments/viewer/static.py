@@ -7,37 +7,33 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from experiments.report import open_run, summarize
+from experiments.store import open_reader
 from experiments.viewer.data import episode_detail, run_index
 from experiments.viewer.page import static_page
 
 
 def static_bundle(
-    run_dirs: Sequence[Path],
-    labels: Sequence[str],
-    summaries: Sequence[dict[str, Any]] | None = None,
+    run_dirs: Sequence[Path], labels: Sequence[str], summaries: Sequence[dict[str, Any]]
 ) -> dict[str, Any]:
-    """All runs, all episodes and steps; each distinct prompt prefix stored once."""
+    """All runs (with their report summaries), all episodes and steps; each distinct prompt
+    prefix stored once."""
     prefixes: list[str] = []
     prefix_ids: dict[str, int] = {}
     runs: list[dict[str, Any]] = []
     details: dict[str, dict[str, Any]] = {}
-    for i, (run_dir, label) in enumerate(zip(run_dirs, labels, strict=True)):
-        store = open_run(Path(run_dir))
-        try:
-            summary = summaries[i] if summaries is not None else summarize(store)
-            runs.append(run_index(store, i, label, summary))
+    for i, (run_dir, label, summary) in enumerate(zip(run_dirs, labels, summaries, strict=True)):
+        with open_reader(Path(run_dir)) as reader:
+            runs.append(run_index(reader, i, label, summary))
+            steps = reader.all_steps()
             per_run: dict[str, Any] = {}
-            for row in store.episodes():
-                detail = episode_detail(store, row, store.steps(row.episode_id))
+            for row in reader.episodes():
+                detail = episode_detail(reader, row, steps.get(row.episode_id, []))
                 ref = prefix_ids.setdefault(row.prompt_prefix, len(prefixes))
                 if ref == len(prefixes):
                     prefixes.append(row.prompt_prefix)
                 detail["prefix_ref"] = ref
                 per_run[row.episode_id] = detail
             details[str(i)] = per_run
-        finally:
-            store.close()
     return {"mode": "static", "runs": runs, "details": details, "prefixes": prefixes}
 
 
@@ -50,11 +46,12 @@ def write_static_page(
     labels: Sequence[str],
     path: Path,
     *,
-    summaries: Sequence[dict[str, Any]] | None = None,
+    summaries: Sequence[dict[str, Any]],
     plots: Mapping[str, Path] | None = None,
     comparison: Sequence[dict[str, Any]] | None = None,
 ) -> Path:
-    """Write ``index.html`` for the runs; plots are embedded as data: images."""
+    """Write ``index.html`` for the runs (``summaries``: each run's report summary); plots are
+    embedded as data: images."""
     data = static_bundle(run_dirs, labels, summaries)
     data["plots"] = {name: _data_uri(p) for name, p in (plots or {}).items() if p.is_file()}
     data["comparison"] = list(comparison) if comparison else None

@@ -80,7 +80,7 @@
       // The same text as agents.prompting.actor_prompt(prefix, observation, steps[:index]).
       let prompt = state.data.prefixes[detail.prefix_ref] + detail.observation;
       for (const s of detail.steps.slice(0, index)) {
-        prompt += "\n> " + s.history_action + "\n" + s.observation;
+        prompt += "\n> " + s.transcript_action + "\n" + s.observation;
       }
       return prompt + "\n>";
     }
@@ -163,14 +163,16 @@
   function summaryTables(run) {
     const s = run.summary;
     if (!s) return null;
+    const ci = (c) => (Array.isArray(c) ? `${(100 * c[0]).toFixed(1)}–${(100 * c[1]).toFixed(1)}%` : "–");
     const trials = table(
-      ["trial", "tasks run", "newly solved", "cumulative solved", "success", "errors"],
+      ["trial", "tasks run", "newly solved", "cumulative solved", "success", "95% CI", "errors"],
       s.trials.map((t) => [
         String(t.trial),
         String(t.tasks_run),
         String(t.newly_solved),
         String(t.cumulative_solved),
         pct(t.success_rate),
+        ci(t.success_ci),
         String(t.errors),
       ]),
       "trials-table",

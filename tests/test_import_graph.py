@@ -1,0 +1,140 @@
+"""No import cycles in the project: the module graph of agents, envs, memory and experiments (ast)."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("agents", "envs", "memory", "experiments")
+
+
+def project_modules() -> dict[str, Path]:
+    """Dotted module name -> file, for every module of the project's packages."""
+    out = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
+    return out
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def import_nodes(tree: ast.Module, import_time: bool) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Import statements; with ``import_time``, only those run when the module is imported (not
+    inside functions); never those under ``if TYPE_CHECKING``."""
+
+    def walk(nodes: list[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom]:
+        for node in nodes:
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                yield node
+            elif isinstance(node, ast.If) and _is_type_checking(node):
+                yield from walk(node.orelse)
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and import_time:
+                continue
+            else:
+                for field in ("body", "orelse", "finalbody", "handlers"):
+                    yield from walk(getattr(node, field, []))
+
+    return walk(tree.body)
+
+
+def targets(node: ast.Import | ast.ImportFrom, module: str, is_package: bool) -> list[str]:
+    """The dotted names an import statement loads (the names it imports may be submodules)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    base = node.module or ""
+    if node.level:
+        anchor = module.split(".") if is_package else module.split(".")[:-1]
+        anchor = anchor[: len(anchor) - (node.level - 1)]
+        base = ".".join([*anchor, base] if base else anchor)
+    return [base, *(f"{base}.{a.name}" for a in node.names)]
+
+
+def graph(import_time: bool) -> dict[str, set[str]]:
+    """module -> project modules it imports. For import time, importing ``a.b.c`` also runs the
+    packages ``a`` and ``a.b`` (unless they are the importer's own parents, already running)."""
+    modules = project_modules()
+    edges: dict[str, set[str]] = {m: set() for m in modules}
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text(), str(path))
+        is_package = path.name == "__init__.py"
+        own_parents = {".".join(module.split(".")[:i]) for i in range(1, module.count(".") + 1)}
+        for node in import_nodes(tree, import_time):
+            for name in targets(node, module, is_package):
+                parts = name.split(".")
+                loaded = (
+                    [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+                    if import_time
+                    else [name]
+                )
+                for target in loaded:
+                    if target in modules and target != module and target not in own_parents:
+                        edges[module].add(target)
+    return edges
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_graph_sees_the_project() -> None:
+    edges = graph(import_time=False)
+    assert {"experiments.store", "experiments.report", "memory.records"} <= set(edges)
+    assert "memory.records" in edges["experiments.store"]
+    assert "experiments.viewer.static" in edges["experiments.report"]  # a lazy import counts
+
+
+def test_cycles_are_found() -> None:
+    edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(edges) == [["a", "b", "c"]]
+
+
+def test_no_import_cycles_at_import_time() -> None:
+    """What runs when a module is imported, packages included: a cycle here can fail an import."""
+    assert cycles(graph(import_time=True)) == []
+
+
+def test_no_import_cycles_between_modules() -> None:
+    """Every import, lazy ones included: modules depend on each other in one direction only."""
+    assert cycles(graph(import_time=False)) == []
