@@ -34,6 +34,11 @@ class ActorSettings:
     count_thoughts: bool = True
 
 
+def prompt_at(prefix: str, observation: str, steps: Sequence[Step]) -> str:
+    """The actor prompt after ``steps`` (what the model answered the next step to)."""
+    return actor_prompt(prefix, observation, transcript_pairs(steps))
+
+
 def actor_request(
     settings: ActorSettings,
     ctx_spec_prefix: str,
@@ -50,7 +55,7 @@ def actor_request(
     history = transcript_pairs(steps)
     return Request(
         config=replace(settings.generation, seed=seed),
-        prompt=actor_prompt(ctx_spec_prefix, observation, history),
+        prompt=prompt_at(ctx_spec_prefix, observation, steps),
         purpose="act",
         side={
             "game": game,

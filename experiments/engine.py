@@ -99,9 +99,14 @@ class ModelClient:
                 if not batch:
                     continue
                 self.batches.append(len(batch))
-                results = await loop.run_in_executor(
-                    self._threads, self._answer, [r for r, _ in batch]
-                )
+                try:
+                    results = await loop.run_in_executor(
+                        self._threads, self._answer, [r for r, _ in batch]
+                    )
+                except BaseException as exc:  # a bug in a backend: every waiter hears of it
+                    results = [exc] * len(batch)
+                    if not isinstance(exc, Exception):
+                        raise
                 for (_, future), result in zip(batch, results, strict=True):
                     if future.done():
                         continue
@@ -114,12 +119,12 @@ class ModelClient:
 
     def _answer(self, requests: list[Request]) -> list[Completion | BaseException]:
         """The batch's answers; when the batch fails, each request alone, so that one bad
-        request fails only itself."""
+        request fails only itself. Never raises a BackendError: it is each request's answer."""
         try:
             return list(self.backend.generate(requests))
-        except BackendError:
+        except BackendError as exc:
             if len(requests) == 1:
-                raise
+                return [exc]
         out: list[Completion | BaseException] = []
         for request in requests:
             try:

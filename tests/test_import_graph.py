@@ -138,3 +138,25 @@ def test_no_import_cycles_at_import_time() -> None:
 def test_no_import_cycles_between_modules() -> None:
     """Every import, lazy ones included: modules depend on each other in one direction only."""
     assert cycles(graph(import_time=False)) == []
+
+
+# What builds prompts: only agents/ may call these (experiments/ plays agents, it writes no text).
+PROMPT_BUILDERS = {
+    "actor_prompt", "actor_prefix", "reflection_prompt", "judge_prompt", "render_transcript",
+    "example_texts", "memory_block", "template",
+}  # fmt: skip
+
+
+def test_experiments_build_no_prompts() -> None:
+    for module, path in project_modules().items():
+        if not module.startswith("experiments"):
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("agents"):
+                used = {a.name for a in node.names} & PROMPT_BUILDERS
+                assert not used, f"{module} imports prompt builders {sorted(used)}"
+            if isinstance(node, ast.Attribute) and node.attr in PROMPT_BUILDERS:
+                assert not isinstance(node.value, ast.Name) or node.value.id not in (
+                    "prompting", "reflexion", "react",
+                ), f"{module} calls {node.attr}"  # fmt: skip

@@ -22,7 +22,6 @@ from agents.prompting import actor_prompt
 from experiments.errors import ConfigError, RunStoreError
 from experiments.replay import replay
 from experiments.report import write_report
-from experiments.rollout import EpisodeJob, _Live
 from experiments.store import RunStore, episode_id
 from experiments.viewer import serve
 from experiments.viewer.data import step_prompt
@@ -147,15 +146,24 @@ def test_api_episode_and_the_exact_prompt(server, run_dir: Path) -> None:
     assert get(server, "/api/episode")[0] == 400
 
 
-def test_step_prompt_is_what_the_rollout_sent(run_dir: Path) -> None:
+def test_step_prompt_is_what_the_actor_sent(run_dir: Path) -> None:
+    from agents.episode import EnvReply
+    from agents.evaluators import make_evaluator
+    from agents.llm.base import GenerationConfig
+    from agents.parsing import GroundingRules
+    from agents.react import ActorSettings, actor_request
+
+    settings = ActorSettings(GenerationConfig(), make_evaluator("paper"), GroundingRules(), 30)
     store = RunStore(run_dir, readonly=True)
     try:
         for row in store.episodes():
             steps = store.steps(row.episode_id)
-            job = EpisodeJob(row.episode_id, row.game, row.task_type, row.trial, row.prompt_prefix)
             for i in range(len(steps)):
-                live = _Live(job, 0, observation=row.observation, steps=list(steps[:i]))
-                assert step_prompt(row, steps, i) == live.prompt()
+                sent = actor_request(
+                    settings, row.prompt_prefix, row.observation, steps[:i], EnvReply(""),
+                    game=row.game, trial=row.trial, seed=0,
+                )  # fmt: skip
+                assert step_prompt(row, steps, i) == sent.prompt
     finally:
         store.close()
 

@@ -68,6 +68,9 @@ def classify_anthropic_error(exc: BaseException) -> Retryable | None:
 class AnthropicBackend:
     """A Claude model over HTTP. See the module docstring for the options."""
 
+    # the engine sends each request on its own as it comes, at most its concurrency at once
+    scheduling = "per_request"
+
     def __init__(
         self,
         model: str,

@@ -94,7 +94,12 @@ class Completion:
 
 @runtime_checkable
 class Backend(Protocol):
-    """A model. ``generate`` gets every pending request at once and answers in input order."""
+    """A model. ``generate`` gets every pending request at once and answers in input order.
+
+    A backend that talks to a server over HTTP sets ``scheduling = "per_request"``: the engine
+    then sends each request on its own as it comes (in threads, bounded), so a slow answer holds
+    up only its own episode. Others get whatever is pending, one batch at a time.
+    """
 
     name: str
 

@@ -69,6 +69,9 @@ def classify_openai_error(exc: BaseException) -> Retryable | None:
 class OpenAIBackend:
     """An OpenAI-compatible HTTP model. See the module docstring for the options."""
 
+    # the engine sends each request on its own as it comes, at most its concurrency at once
+    scheduling = "per_request"
+
     def __init__(
         self,
         model: str,

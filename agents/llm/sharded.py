@@ -83,6 +83,9 @@ def _server_options() -> set[str]:
 class ShardedBackend:
     """Several OpenAI-compatible servers behind one backend; see the module docstring."""
 
+    # the engine sends each request on its own as it comes, at most its concurrency at once
+    scheduling = "per_request"
+
     def __init__(
         self,
         model: str,

@@ -7,7 +7,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from agents.prompting import actor_prompt, transcript_action, transcript_pairs
+from agents.prompting import transcript_action
+from agents.react import prompt_at
 from experiments.store import EpisodeRow, RunReader, StepCounts
 from memory.records import Step
 
@@ -16,7 +17,7 @@ def step_prompt(episode: EpisodeRow, steps: Sequence[Step], index: int) -> str:
     """The exact prompt the model answered with step ``index``."""
     if not 0 <= index < len(steps):
         raise IndexError(f"episode {episode.episode_id!r} has no step {index}")
-    return actor_prompt(episode.prompt_prefix, episode.observation, transcript_pairs(steps[:index]))
+    return prompt_at(episode.prompt_prefix, episode.observation, steps[:index])
 
 
 def run_index(
