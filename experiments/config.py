@@ -381,7 +381,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
             meta = f.metadata
             flag = meta["flag"] or "--" + f.name.replace("_", "-")
             kind = _base_type(hints[f.name])
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc,operator]
             text = f"{meta['help']} (default: {default!r})"
             kw: dict[str, Any] = {"dest": f.name, "help": text, "default": None}
             if kind is bool:

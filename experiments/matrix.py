@@ -435,7 +435,7 @@ def run_matrix(
         if not all(data_root(cfg) or cfg.gameset.env != "alfworld" for _, cfg in configs):
             raise ConfigError(
                 f"preset {preset.name} plays the real ALFWorld games of "
-                f"{configs[0][1].split}: set $ALFWORLD_DATA or pass --data DIR "
+                f"{configs[0][1].gameset.split}: set $ALFWORLD_DATA or pass --data DIR "
                 "(generated games: reflexsim games generate --out DIR ...)"
             )
     results: dict[str, dict[str, Any]] = state.setdefault("jobs", {})
