@@ -14,12 +14,20 @@ the engine every in-flight episode's pending call without a lockstep tick.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agents.llm.base import Completion, Request
 from memory.records import Reflection, Step
+
+
+def episode_seed(run_seed: int, game: str, trial: int) -> int:
+    """The sampling seed of one episode: a stable function of (run seed, game, trial), so the
+    same run seed replays a run exactly and each trial of a task draws different samples."""
+    digest = hashlib.sha256(f"{run_seed}|{game}|{trial}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
 
 
 @dataclass(frozen=True)

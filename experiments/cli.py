@@ -85,7 +85,7 @@ class ConsoleProgress:
     def begin(self, summary: dict[str, Any]) -> None:
         s = summary
         again = " (resumed)" if s.get("resumed") else ""
-        print(f"run{again}: {s['run_dir']}", file=self.stream)
+        print(f"starting run{again} in {s['run_dir']}", file=self.stream)
         print(
             f"  model {s['model']}, arm {s['arm']}, {s['games']} games ({s['game_source']}), "
             f"{s['trials']} trials, {s['concurrency']} in flight on {s['workers']} env worker(s)",
@@ -250,7 +250,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _console_logging() -> None:
+    """Warnings of the project's loggers, and the runner's own notes (e.g. games being
+    generated on a first run), on stderr; everything else goes to the run's run.log."""
+    import logging
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    handler.setLevel(logging.INFO)
+    handler.addFilter(
+        lambda r: r.levelno >= logging.WARNING or r.name in ("reflexsim.runner", "reflexsim.matrix")
+    )
+    for name in ("reflexsim", "agents", "envs"):
+        logging.getLogger(name).addHandler(handler)
+    logging.getLogger("reflexsim.runner").setLevel(logging.INFO)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _console_logging()
     parser = build_parser()
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     handler: Handler = args.handler

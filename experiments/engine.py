@@ -210,6 +210,7 @@ class _Episode:
             observation=observation,
             task=task,
             memory=spec.memory,
+            seed=spec.seed,
         )
         self.started = True
 

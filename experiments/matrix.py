@@ -33,10 +33,10 @@ would generate on first use (which the dry run does not generate).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shlex
-import sys
 import time
 import traceback
 from collections.abc import Mapping
@@ -55,6 +55,8 @@ from experiments.config import (
     parse_deadline,
 )
 from experiments.errors import ConfigError, RunStoreError
+
+log = logging.getLogger("reflexsim.matrix")
 
 STATE_FILE = "matrix.json"
 PRESET_KEYS = {"description", "extends", "needs_data", "base", "jobs"}
@@ -544,4 +546,4 @@ def _report(
 
 
 def _say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
+    log.info(text)

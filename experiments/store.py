@@ -57,7 +57,8 @@ _TABLES_V1 = (
     attempts INTEGER NOT NULL DEFAULT 1,
     resimulated INTEGER NOT NULL DEFAULT 0,  -- times it was rebuilt from recorded actions
     started_at REAL NOT NULL,
-    finished_at REAL
+    finished_at REAL,
+    seed INTEGER                     -- the sampling seed of the episode's actor requests
 )""",
     "CREATE INDEX IF NOT EXISTS episodes_trial ON episodes(trial)",
     """CREATE TABLE IF NOT EXISTS steps (
@@ -216,6 +217,7 @@ class EpisodeRow:
     resimulated: int
     started_at: float
     finished_at: float | None
+    seed: int | None = None  # the actor's sampling seed (None in stores older than v2)
 
 
 @dataclass(frozen=True)
@@ -348,6 +350,7 @@ def _stored_version(conn: sqlite3.Connection, run_dir: Path) -> int | None:
 
 
 def _migrate_v1(conn: sqlite3.Connection) -> None:
+    conn.execute("ALTER TABLE episodes ADD COLUMN seed INTEGER")
     for statement in _TABLES_V2:
         conn.execute(statement)
     conn.execute(f"INSERT INTO model_calls({_CALL_COLUMNS}) {_V1_CALLS}")
@@ -666,14 +669,15 @@ class RunStore(RunReader):
         observation: str,
         task: str,
         memory: Sequence[Reflection],
+        seed: int | None = None,
     ) -> None:
         self._conn.execute(
             "INSERT INTO episodes(episode_id, game, task_type, trial, arm, status, prompt_prefix,"
-            " observation, task, memory_json, started_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            " observation, task, memory_json, started_at, seed) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 episode_id, game, task_type, trial, arm, EpisodeStatus.RUNNING.value,
                 prompt_prefix, observation, task, json.dumps([r.to_dict() for r in memory]),
-                time.time(),
+                time.time(), seed,
             ),
         )  # fmt: skip
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from agents import reflexion
-from agents.episode import Agent, EpisodeSpec
+from agents.episode import Agent, EpisodeSpec, episode_seed
 from agents.llm.base import BackendError, Completion, Request
 from agents.reflexion import ReflexionSettings
 from experiments.engine import Engine, StopRun
@@ -146,7 +146,7 @@ class TrialLoop:
             trial=trial,
             prefix=reflexion.prompt_prefix(settings, task.task_type, reflections, facts),
             memory=tuple(reflections),
-            seed=settings.seed,
+            seed=episode_seed(settings.seed, task.game, trial),
         )
 
     def _resumed(self, row: EpisodeRow) -> EpisodeSpec:
@@ -158,7 +158,7 @@ class TrialLoop:
             trial=row.trial,
             prefix=row.prompt_prefix,
             memory=tuple(Reflection.from_dict(r) for r in json.loads(row.memory_json)),
-            seed=self.plan.reflexion.seed,
+            seed=row.seed if row.seed is not None else self.plan.reflexion.seed,
             resume_steps=tuple(self.store.steps(row.episode_id)),
             resumed_observation=row.observation,
         )
