@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from agents.episode import EnvReply, EpisodeContext, EpisodeEnd
 from agents.evaluators import Evaluator, Verdict, classify_failure, count_actions
-from agents.llm.base import Completion, GenerationConfig, Request
+from agents.llm.base import ActionConstraint, Completion, GenerationConfig, Request
 from agents.parsing import GroundingRules, ParsedAction, parse_action
 from agents.prompting import actor_prompt, transcript_pairs
 from memory.records import Step, StepKind
@@ -32,6 +32,7 @@ class ActorSettings:
     grounding: GroundingRules
     max_steps: int
     count_thoughts: bool = True
+    decoding: str = "free"  # free | grounded | nearest (see experiments' action_decoding)
 
 
 def prompt_at(prefix: str, observation: str, steps: Sequence[Step]) -> str:
@@ -57,6 +58,7 @@ def actor_request(
         config=replace(settings.generation, seed=seed),
         prompt=prompt_at(ctx_spec_prefix, observation, steps),
         purpose="act",
+        constraint=ActionConstraint(state.admissible) if settings.decoding == "grounded" else None,
         side={
             "game": game,
             "trial": trial,
@@ -114,7 +116,7 @@ class ReActAgent:
                 game=spec.game, trial=spec.trial, seed=spec.seed,
             )  # fmt: skip
             completion = await ctx.generate(request)
-            parsed = parse_action(completion.text, self.settings.grounding)
+            parsed = self.parse(completion.text, state.admissible)
             if parsed.kind == StepKind.ACT:
                 admissible = parsed.action in state.admissible
                 state = await ctx.step(parsed.action)
@@ -129,6 +131,20 @@ class ReActAgent:
                 truncated = False
             steps.append(step)
             ctx.record(step)
+
+    def parse(self, text: str, admissible: Sequence[str]) -> ParsedAction:
+        """The model's text as a step; with ``nearest`` decoding an action that is not admissible
+        is replaced by the most similar admissible command (``agents.grounding``)."""
+        parsed = parse_action(text, self.settings.grounding)
+        if self.settings.decoding != "nearest" or parsed.kind == StepKind.THINK:
+            return parsed
+        if parsed.kind == StepKind.ACT and parsed.action in admissible:
+            return parsed
+        from agents.grounding import nearest_action
+
+        mapped = nearest_action(parsed.action or text, admissible)
+        again = parse_action(mapped, GroundingRules.none())
+        return ParsedAction(again.kind, text, again.action, (*parsed.rules, "nearest"))
 
     def check_end(self, steps: Sequence[Step], truncated: bool) -> EpisodeEnd | None:
         """The end of the episode after ``steps``, or None to go on."""

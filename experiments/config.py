@@ -74,6 +74,13 @@ class ModelConfig:
         "KEY=VALUE, repeatable",
         flag="--backend-option",
     )
+    action_decoding: str = option(
+        "free",
+        "free (the model's text as it is), grounded (the serving engine's constrained decoding "
+        "allows only a think: line or one admissible command), or nearest (free text mapped to "
+        "the most similar admissible command; any backend)",
+        choices=("free", "grounded", "nearest"),
+    )
     temperature: float = option(0.0, "actor sampling temperature", minimum=0.0)
     top_p: float = option(1.0, "actor nucleus sampling", minimum=0.0)
     max_tokens: int = option(100, "actor tokens per step at most", minimum=1)

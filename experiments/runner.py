@@ -521,6 +521,7 @@ def actor_settings(cfg: RunConfig) -> ActorSettings:
         else GroundingRules.none(),
         max_steps=cfg.protocol.max_steps,
         count_thoughts=cfg.protocol.count_thoughts,
+        decoding=cfg.models.action_decoding,
     )
 
 
