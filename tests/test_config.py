@@ -59,7 +59,7 @@ def test_help_documents_every_key():
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     text = " ".join(r.stdout.split())
-    for name, (section, f) in LEAVES.items():
+    for name, (_, f) in LEAVES.items():
         flag = f.metadata["flag"] or "--" + name.replace("_", "-")
         assert flag in text, name
         assert " ".join(f.metadata["help"].split())[:40] in text, name
