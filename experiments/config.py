@@ -265,7 +265,7 @@ def _base_type(hint: Any) -> Any:
 def _unknown(key: str, known: list[str], source: str, where: str = "") -> ConfigError:
     close = difflib.get_close_matches(key, known, n=1)
     hint = f": did you mean {close[0]!r}?" if close else f" (known: {', '.join(sorted(known))})"
-    return ConfigError(f"{source}: unknown key {where}{key!r}{hint}")
+    return ConfigError(f"{source}: unknown key {(where + key)!r}{hint}")
 
 
 def _coerce(name: str, value: Any, source: str) -> Any:
