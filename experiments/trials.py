@@ -146,7 +146,7 @@ class TrialLoop:
             trial=trial,
             prefix=reflexion.prompt_prefix(settings, task.task_type, reflections, facts),
             memory=tuple(reflections),
-            seed=episode_seed(settings.seed, task.game, trial),
+            seed=episode_seed(settings.seed or 0, task.game, trial),
         )
 
     def _resumed(self, row: EpisodeRow) -> EpisodeSpec:

@@ -264,14 +264,14 @@ def test_flags_override_every_job_and_one_deadline_covers_the_matrix():
     flags = {"model": "scripted:expert", "games": 3, "deadline": "2h", "run_dir": "x"}
     start = time.time()
     configs = [matrix.job_config(preset, j, flags, Path("out"), start) for j in preset.jobs]
-    assert {c.model for c in configs} == {"scripted:expert"}
-    assert not any(c.serve for c in configs)  # serve: true is for vllm: models only
-    assert {c.games for c in configs} == {3}
-    assert [c.run_dir for c in configs] == [str(Path("out") / j.name) for j in preset.jobs]
-    assert len({c.deadline for c in configs}) == 1  # an absolute time, the same for every job
+    assert {c.models.model for c in configs} == {"scripted:expert"}
+    assert not any(c.server.serve for c in configs)  # serve: true is for vllm: models only
+    assert {c.gameset.games for c in configs} == {3}
+    assert [c.execution.run_dir for c in configs] == [str(Path("out") / j.name) for j in preset.jobs]
+    assert len({c.budget.deadline for c in configs}) == 1  # an absolute time, the same for every job
     from datetime import datetime
 
-    assert datetime.fromisoformat(str(configs[0].deadline)).timestamp() == pytest.approx(
+    assert datetime.fromisoformat(str(configs[0].budget.deadline)).timestamp() == pytest.approx(
         start + 7200, abs=1.5
     )
     with pytest.raises(ConfigError, match="vllm: model"):
