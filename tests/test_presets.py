@@ -267,8 +267,12 @@ def test_flags_override_every_job_and_one_deadline_covers_the_matrix():
     assert {c.models.model for c in configs} == {"scripted:expert"}
     assert not any(c.server.serve for c in configs)  # serve: true is for vllm: models only
     assert {c.gameset.games for c in configs} == {3}
-    assert [c.execution.run_dir for c in configs] == [str(Path("out") / j.name) for j in preset.jobs]
-    assert len({c.budget.deadline for c in configs}) == 1  # an absolute time, the same for every job
+    assert [c.execution.run_dir for c in configs] == [
+        str(Path("out") / j.name) for j in preset.jobs
+    ]
+    assert (
+        len({c.budget.deadline for c in configs}) == 1
+    )  # an absolute time, the same for every job
     from datetime import datetime
 
     assert datetime.fromisoformat(str(configs[0].budget.deadline)).timestamp() == pytest.approx(
