@@ -72,6 +72,10 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 class ConsoleProgress:
     """The run's start, a live progress line (solved tasks, tokens, ETA) and nothing else."""
 
@@ -87,8 +91,9 @@ class ConsoleProgress:
         again = " (resumed)" if s.get("resumed") else ""
         print(f"starting run{again} in {s['run_dir']}", file=self.stream)
         print(
-            f"  model {s['model']}, arm {s['arm']}, {s['games']} games ({s['game_source']}), "
-            f"{s['trials']} trials, {s['concurrency']} in flight on {s['workers']} env worker(s)",
+            f"  model {s['model']}, arm {s['arm']}, {_n(s['games'], 'game')} "
+            f"({s['game_source']}), {_n(s['trials'], 'trial')}, {s['concurrency']} in flight on "
+            f"{_n(s['workers'], 'env worker')}",
             file=self.stream,
         )
         print(f"  config: {s['config_file']}", file=self.stream)
