@@ -249,7 +249,7 @@ def test_cli_errors_are_one_line_with_exit_code_2(generated_games, tmp_path):
         (["--model", "nope:x", "--data", str(generated_games), "--split", SPLIT], "nope"),
         (
             ["--model", "scripted:expert", "--data", str(generated_games), "--split", "bogus"],
-            "unknown split",
+            "invalid choice: 'bogus'",
         ),
     ]
     for args, needle in cases:
