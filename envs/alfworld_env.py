@@ -2,6 +2,26 @@
 
 The one module that adapts ALFWorld's engine: TextWorld's (state, score, done) becomes
 Gymnasium's 5-tuple here and nowhere else. One engine per env, reused across games.
+
+Fast steps (``fast_text=True``, the default). TextWorld's ``PddlEnv`` spends ~90% of a step
+deriving text from the game's grammar: the observation and the command of every applicable
+action, each derivation re-parsing strings with TatSu and deep-copying contexts. The engine runs
+TextWorld's own ``reset``/``step``/``_gather_infos`` unchanged but hands them a grammar whose
+``derive`` comes from :mod:`envs.fast_text`: strings parsed once, contexts shared instead of
+copied, and each derivation's text memoized with the fact signatures it read (the state counts
+changes per signature), so commands like ``open drawer 1`` or ``go to cabinet 1`` are derived
+once per game. Exact by construction: the same rules are chosen by the state's own
+``all_assignments``, the same expressions evaluated (only side-effect-free ones; anything else
+goes to TextWorld's grammar), and a memoized text is reused only while everything it read is
+unchanged. ``fast_text=False`` uses TextWorld's grammar throughout, to check equality any time.
+
+Cheap resets (``reset_cache``). Building a game's state runs fast-downward's translation of the
+PDDL problem (twice: one for play, one for replanning), 0.2-0.8 s a game. The engine keeps, for
+the ``reset_cache`` games it loaded last, the parsed logic, the named entities and the
+translation (task, SAS texts and the facts the state started with, ~2-4 MB a game); a reset of
+one of them loads the same SAS into fast-downward and adds the same facts in the same order, so
+the state is equal to a freshly translated one, iteration orders included, without translating.
+Replaying ``d`` actions after such a reset costs ``d`` steps.
 """
 
 from __future__ import annotations
@@ -311,6 +331,15 @@ class ALFWorldEnv(gym.Env[str, str]):
     def close(self) -> None:
         self._engine = None
         self._loaded = None
+
+    def text_stats(self) -> dict[str, int]:
+        """The current game's text derivations so far: ``hits`` and ``misses`` of the memo,
+        ``fallbacks`` to TextWorld's grammar. Empty with ``fast_text=False`` or before a reset."""
+        grammar = getattr(getattr(self._engine, "_logic", None), "grammar", None)
+        if not isinstance(grammar, FastGrammar):
+            return {}
+        deriver = grammar.deriver
+        return {"hits": deriver.hits, "misses": deriver.misses, "fallbacks": grammar.fallbacks}
 
     # -- helpers -------------------------------------------------------------------------
     def _info(self, state: Any) -> dict[str, Any]:
