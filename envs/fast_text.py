@@ -141,40 +141,37 @@ def tracked_state_class() -> type:
     return TrackedPddlState
 
 
+# What PddlState.__init__ computes from a problem before adding its facts: the translation.
+_TRANSLATED = (
+    "_logic",
+    "downward_lib",
+    "pddl_problem",
+    "task",
+    "sas",
+    "sas_replan",
+    "_actions",
+    "name2type",
+)
+
+
 @dataclass(frozen=True)
 class Translation:
     """What ``PddlState.__init__`` computed for one problem: enough to rebuild that state.
 
-    ``added`` are the fact lists its constructor added, in order; ``epoch`` names the content of
-    states built from it (for tracked states; 0 otherwise).
+    ``attributes`` are the state's attributes that hold the translation, ``added`` the fact
+    lists its constructor added, in order; ``epoch`` names the content of states built from it
+    (for tracked states; 0 otherwise).
     """
 
-    logic: Any
-    downward_lib: Any
-    pddl_problem: str
-    task: Any
-    sas: str
-    sas_replan: str
-    actions: dict[str, Any]
-    name2type: dict[str, str]
+    attributes: dict[str, Any]
     added: tuple[list[Any], ...]
     epoch: int
 
     @classmethod
     def of(cls, state: Any) -> Translation:
         """The translation a just-built recording state holds (before it is played)."""
-        return cls(
-            logic=state._logic,
-            downward_lib=state.downward_lib,
-            pddl_problem=state.pddl_problem,
-            task=state.task,
-            sas=state.sas,
-            sas_replan=state.sas_replan,
-            actions=state._actions,
-            name2type=state.name2type,
-            added=tuple(state._added),
-            epoch=getattr(state, "epoch", 0),
-        )
+        attributes = {name: getattr(state, name) for name in _TRANSLATED}
+        return cls(attributes, tuple(state._added), getattr(state, "epoch", 0))
 
 
 def restore_state(cls: Any, translation: Translation) -> Any:
@@ -193,15 +190,10 @@ def restore_state(cls: Any, translation: Translation) -> Any:
     state._vars_by_name = {}
     state._vars_by_type = defaultdict(set)
     state._var_counts = Counter()
-    state._logic = translation.logic
-    state.downward_lib = translation.downward_lib
-    state.pddl_problem = translation.pddl_problem
-    state.task, state.sas = translation.task, translation.sas
-    state.sas_replan = translation.sas_replan
-    state._actions = translation.actions
+    for name, value in translation.attributes.items():
+        setattr(state, name, value)
     state.downward_lib.load_sas(state.sas.encode("utf-8"))
     state.downward_lib.load_sas_replan(state.sas_replan.encode("utf-8"))
-    state.name2type = translation.name2type
     for props in translation.added:
         state.add_facts(props)
     if issubclass(cls, tracked_state_class()):
