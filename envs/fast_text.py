@@ -54,6 +54,7 @@ _SAFE_NODES = (
     ast.And,
 )
 _NO_BUILTINS: dict[str, Any] = {"__builtins__": {}}
+_MISSING = object()
 _VERSIONS = itertools.count(1)
 log = logging.getLogger(__name__)
 
@@ -120,12 +121,12 @@ def tracked_state_class() -> type:
 
         def add_fact(self, prop: Any) -> None:
             if prop not in self._facts.get(prop.signature, ()):
-                self.versions[prop.signature] = next(_VERSIONS)
+                self.versions[prop.signature] = new_version()
             super().add_fact(prop)
 
         def remove_fact(self, prop: Any) -> None:
             if prop in self._facts.get(prop.signature, ()):
-                self.versions[prop.signature] = next(_VERSIONS)
+                self.versions[prop.signature] = new_version()
             super().remove_fact(prop)
 
         def facts_with_signature(self, sig: Any) -> Any:
@@ -267,7 +268,7 @@ class FastGrammar:
     when TextWorld's grammar tracing flags are set) from the grammar itself.
     """
 
-    def __init__(self, grammar: Any, entity_infos: Mapping[str, Any], memo_size: int = 20_000):
+    def __init__(self, grammar: Any, entity_infos: Mapping[str, Any], memo_size: int = 8192):
         self.grammar = grammar
         self.entity_infos = entity_infos
         self.deriver = TextDeriver(grammar, entity_infos, memo_size)
@@ -297,7 +298,7 @@ class FastGrammar:
         if len(variables) != len(mapping):
             return False
         for ph, var in mapping.items():
-            if variables.get(ph.name) is not infos.get(var.name):
+            if variables.get(ph.name, _MISSING) is not infos.get(var.name):
                 return False
         return True
 
