@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_envs import bench_rss, load, raw_engine  # noqa: E402
-from envs.alfworld_env import ALFWorldEnv  # noqa: E402
+from envs.alfworld_env import DEFAULT_RESET_CACHE, ALFWorldEnv  # noqa: E402
 from envs.discovery import discover_games  # noqa: E402
 
 REAL_SPLIT = "eval_in_distribution"
@@ -190,7 +190,7 @@ def bench_resets(games: list[Game], repeats: int) -> None:
     for n, game in enumerate(games):
         data, split, game_id, _ = game
         other = games[n - 1][2] if games[n - 1][:2] == game[:2] else None
-        for label, cache in (("on", 16), ("off", 0)):
+        for label, cache in (("on", DEFAULT_RESET_CACHE), ("off", 0)):
             env = ALFWorldEnv(data, split, reset_cache=cache)
             first = timed_reset(env, game_id)
             again = med(timed_reset(env, game_id) for _ in range(repeats))
