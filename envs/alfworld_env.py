@@ -2,12 +2,35 @@
 
 The one module that adapts ALFWorld's engine: TextWorld's (state, score, done) becomes
 Gymnasium's 5-tuple here and nowhere else. One engine per env, reused across games.
+
+Fast steps (``fast_text=True``, the default). TextWorld's ``PddlEnv`` spends ~90% of a step
+deriving text from the game's grammar: the observation and the command of every applicable
+action, each derivation re-parsing strings with TatSu and deep-copying contexts. The engine runs
+TextWorld's own ``reset``/``step``/``_gather_infos`` unchanged but hands them a grammar whose
+``derive`` comes from :mod:`envs.fast_text`: strings parsed once, contexts shared instead of
+copied, and each derivation's text memoized with the fact signatures it read (the state counts
+changes per signature), so commands like ``open drawer 1`` or ``go to cabinet 1`` are derived
+once per game. Exact by construction: the same rules are chosen by the state's own
+``all_assignments``, the same expressions evaluated (only side-effect-free ones; anything else
+goes to TextWorld's grammar), and a memoized text is reused only while everything it read is
+unchanged. ``fast_text=False`` uses TextWorld's grammar throughout, to check equality any time.
+
+Cheap resets (``reset_cache``). Building a game's state runs fast-downward's translation of the
+PDDL problem (twice: one for play, one for replanning), 0.2-0.8 s a game. The engine keeps, for
+the ``reset_cache`` games it loaded last, the parsed logic, the named entities and the
+translation (task, SAS texts and the facts the state started with, ~4 MB a game); a reset of
+one of them loads the same SAS into fast-downward and adds the same facts in the same order, so
+the state is equal to a freshly translated one, iteration orders included, without translating.
+Replaying ``d`` actions after such a reset costs ``d`` steps.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +38,20 @@ import gymnasium as gym
 
 from envs.discovery import TASK_TYPES, GameRecord, discover_games
 from envs.errors import EnvError, GameFileError
+from envs.fast_text import (
+    FastGrammar,
+    Translation,
+    recording_state_class,
+    restore_state,
+    tracked_state_class,
+)
 from envs.spaces import MAX_ACTION, MAX_OBSERVATION, pick_game, printable, text_space
 
 BANNER = "-= Welcome to TextWorld, ALFRED! =-"
 TASK_PREFIX = "Your task is to: "
+# Games whose translation an env keeps for cheap resets. Each costs ~4 MB: one env's RSS after
+# 140 valid_seen games is ~110 MB without the cache and ~175 MB with 16 games in it.
+DEFAULT_RESET_CACHE = 8
 
 
 def strip_banner(feedback: str) -> str:
@@ -52,8 +85,30 @@ def _forget_propositions() -> None:
             del cache[key]
 
 
-def _make_engine() -> Any:
-    """A TextWorld PddlEnv that names entities as ALFWorld does and translates once per reset."""
+@dataclass(frozen=True)
+class _Game:
+    """A loaded game as an engine keeps it: parsed logic, named entities, its translation."""
+
+    logic: Any
+    entity_infos: dict[str, Any]
+    translation: Translation | None  # None: every reset translates the problem again
+
+
+def _game_key(data: dict[str, Any]) -> str:
+    """Names a game by its content, so one game under two paths is one cache entry."""
+    digest = hashlib.sha256()
+    for part in ("pddl_domain", "grammar", "pddl_problem"):
+        digest.update(str(data[part]).encode("utf-8"))
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def _make_engine(fast_text: bool = True, reset_cache: int = DEFAULT_RESET_CACHE) -> Any:
+    """A TextWorld PddlEnv that names entities as ALFWorld does and translates each game once.
+
+    ``fast_text``: derive text with :class:`envs.fast_text.FastGrammar` (else TextWorld's own
+    grammar); ``reset_cache``: how many games' translations to keep (0: translate every reset).
+    """
     import textworld
 
     # importing alfworld sets $ALFWORLD_DATA (to ~/.cache/alfworld) when it is unset, which would
@@ -68,26 +123,64 @@ def _make_engine() -> Any:
     from textworld.envs.pddl import PddlEnv
     from textworld.envs.pddl import logic as pddl_logic
 
+    if fast_text:
+        state_class = tracked_state_class()
+    elif reset_cache:
+        state_class = recording_state_class()
+    else:
+        state_class = pddl_logic.PddlState
+
     class Engine(PddlEnv):  # type: ignore[misc]
         def __init__(self) -> None:
             super().__init__(textworld.EnvInfos(admissible_commands=True, won=True, feedback=True))
             self._fresh = False
+            self._current: _Game | None = None
+            self._games: OrderedDict[str, _Game] = OrderedDict()  # least recently loaded first
 
         def load(self, data: Any) -> None:
+            """PddlEnv.load for game data, with ALFWorld's names; a cached game is not re-parsed
+            nor re-translated."""
             _forget_propositions()
-            super().load(data)
-            demangler = Demangler(game_infos=self._entity_infos, shuffle=False)
-            for info in self._entity_infos.values():
-                info.name = demangler.demangle_alfred_name(info.id)
+            key = _game_key(data)
+            game = self._games.get(key)
+            if game is not None:
+                self._games.move_to_end(key)
+                assert game.translation is not None
+                self._pddl_state = restore_state(state_class, game.translation)
+            else:
+                logic = pddl_logic.GameLogic(domain=data["pddl_domain"], grammar=data["grammar"])
+                self._pddl_state = state_class(self.downward_lib, data["pddl_problem"], logic)
+                infos = self._get_entity_infos()
+                demangler = Demangler(game_infos=infos, shuffle=False)
+                for info in infos.values():
+                    info.name = demangler.demangle_alfred_name(info.id)
+                if fast_text:
+                    logic.grammar = FastGrammar(logic.grammar, infos)
+                translation = Translation.of(self._pddl_state) if reset_cache else None
+                game = _Game(logic, infos, translation)
+                if reset_cache:
+                    self._games[key] = game
+                    while len(self._games) > reset_cache:
+                        self._games.popitem(last=False)
+            self._game_file = None
+            self._game_data = data
+            self.walkthrough = data.get("walkthrough", None)
+            self._current = game
+            self._logic = game.logic
+            self._entity_infos = game.entity_infos
             self._fresh = True
 
         def reset(self) -> Any:
-            # load() already translated the problem: reuse that state once instead of paying
-            # fast-downward's translation twice for the first episode of a game.
+            # load() already built the state: use it once instead of translating (or restoring)
+            # the problem a second time for the first episode of a game.
             if not self._fresh:
-                self._pddl_state = pddl_logic.PddlState(
-                    self.downward_lib, self._game_data["pddl_problem"], self._logic
-                )
+                assert self._current is not None
+                if self._current.translation is not None:
+                    self._pddl_state = restore_state(state_class, self._current.translation)
+                else:
+                    self._pddl_state = state_class(
+                        self.downward_lib, self._game_data["pddl_problem"], self._logic
+                    )
             self._fresh = False
             self.prev_state = None
             self.state = GameState()
@@ -139,6 +232,10 @@ class ALFWorldEnv(gym.Env[str, str]):
 
     ``info`` carries ``admissible_commands``, ``won``, ``task``, ``task_type`` (short name: put,
     clean, heat, cool, examine, puttwo), ``game``, ``max_steps``, ``walkthrough`` (if known).
+
+    ``fast_text=False`` derives all text with TextWorld's own grammar code (same text, ~10-50x
+    slower steps); ``reset_cache`` is how many games' translated problems the env keeps, so that a
+    reset of one of them skips fast-downward's translation (0: every reset translates).
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
@@ -151,9 +248,17 @@ class ALFWorldEnv(gym.Env[str, str]):
         max_steps: int = 50,
         games: list[str] | None = None,
         render_mode: str | None = None,
+        fast_text: bool = True,
+        reset_cache: int = DEFAULT_RESET_CACHE,
     ) -> None:
         if max_steps <= 0:
             raise EnvError(f"max_steps must be > 0, got {max_steps}")
+        if isinstance(reset_cache, bool) or not isinstance(reset_cache, int) or reset_cache < 0:
+            raise EnvError(
+                f"reset_cache must be a whole number >= 0 (0 turns the cache off), got {reset_cache!r}"
+            )
+        self.fast_text = bool(fast_text)
+        self.reset_cache = reset_cache
         records = discover_games(data_dir, split, task_types)
         if games is not None:
             by_id = {r.game_id: r for r in records}
@@ -184,7 +289,7 @@ class ALFWorldEnv(gym.Env[str, str]):
         game_id = pick_game(options, self.game_ids, self.np_random)
         record = self._records[game_id]
         if self._engine is None:
-            self._engine = _make_engine()
+            self._engine = _make_engine(self.fast_text, self.reset_cache)
         if self._loaded != game_id:
             data = load_game_data(record.path)
             try:
@@ -227,6 +332,15 @@ class ALFWorldEnv(gym.Env[str, str]):
     def close(self) -> None:
         self._engine = None
         self._loaded = None
+
+    def text_stats(self) -> dict[str, int]:
+        """The current game's text derivations so far: ``hits`` and ``misses`` of the memo,
+        ``fallbacks`` to TextWorld's grammar. Empty with ``fast_text=False`` or before a reset."""
+        grammar = getattr(getattr(self._engine, "_logic", None), "grammar", None)
+        if not isinstance(grammar, FastGrammar):
+            return {}
+        deriver = grammar.deriver
+        return {"hits": deriver.hits, "misses": deriver.misses, "fallbacks": grammar.fallbacks}
 
     # -- helpers -------------------------------------------------------------------------
     def _info(self, state: Any) -> dict[str, Any]:
