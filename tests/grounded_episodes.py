@@ -37,6 +37,15 @@ class GroundedStep:
         return body in self.admissible or (body.startswith("think: ") and len(body) > 7)
 
 
+def assert_grounded(steps: Sequence[GroundedStep], episodes: int = 3) -> None:
+    """Every answer of every episode was an admissible command or a thought (100%)."""
+    assert len({s.game for s in steps}) == episodes and len(steps) >= 2 * episodes
+    bad = [(s.text, s.admissible[:5]) for s in steps if not s.allowed]
+    assert not bad, bad
+    # a command always ends by itself (the grammar leaves nothing else); a thought may run long
+    assert all(s.finish_reason == "stop" for s in steps if not s.text.startswith(" think:"))
+
+
 def play(
     generate: Callable[[list[Request]], Sequence[Completion]],
     data_dir: Path,

@@ -22,7 +22,7 @@ from agents.llm import GenerationConfig, Message, Request, make_backend
 from agents.llm.base import ActionConstraint
 from agents.llm.common import check_grounding
 from agents.llm.llamacpp_backend import common_prefix, route
-from tests.grounded_episodes import GroundedStep, play
+from tests.grounded_episodes import assert_grounded, play
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
@@ -243,24 +243,17 @@ def test_openai_backend_on_llama_cpp_server_matches_in_process_greedy(
 
 
 # -- grounded decoding: llama.cpp grammars, in process and through the server ---------------------
-def _assert_grounded(steps: list[GroundedStep], episodes: int = 3) -> None:
-    assert len({s.game for s in steps}) == episodes and len(steps) >= 3 * episodes
-    bad = [(s.text, s.admissible[:5]) for s in steps if not s.allowed]
-    assert not bad, bad  # 100% of the answers are an admissible command or a thought
-    assert all(s.finish_reason == "stop" for s in steps if not s.text.startswith(" think:"))
-
-
 @pytest.mark.slow
 def test_grounded_episodes_embedded_in_process(embedded: Any, generated_games: Path) -> None:
     assert check_grounding(embedded) == "llama.cpp GBNF grammar"
-    _assert_grounded(play(embedded.generate, generated_games))
+    assert_grounded(play(embedded.generate, generated_games))
 
 
 @pytest.mark.slow
 def test_grounded_episodes_smollm2_in_process(generated_games: Path) -> None:
     backend = make_backend("embedded:smollm2-135m", n_ctx=4096, slots=3)
     try:
-        _assert_grounded(play(backend.generate, generated_games))
+        assert_grounded(play(backend.generate, generated_games))
     finally:
         backend.close()
 
@@ -280,7 +273,7 @@ def test_grounded_episodes_through_llama_cpp_server(
         steps = play(remote.generate, generated_games)
     finally:
         remote.close()
-    _assert_grounded(steps)
+    assert_grounded(steps)
 
 
 NASTY = ('say "hi"', "path a\\b\\", "emoji \u00e9t\u00e9 \u2603", "tab\there", 'q"\\"q')

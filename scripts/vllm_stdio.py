@@ -1,0 +1,135 @@
+"""Serve the in-process vLLM backend over stdin/stdout, one JSON line per batch of requests.
+
+Run with a python that has vllm (the .venv-vllm from scripts/setup_vllm_cpu.sh); a test (or any
+program in another environment) drives it:
+
+    .venv-vllm/bin/python scripts/vllm_stdio.py --model ~/.cache/reflexsim/gemma3-270m-hf
+
+Each input line is ``{"op": OP, "requests": [REQUEST, ...]}`` and gets one output line
+``{"completions": [...], "wall_s": ...}`` (or ``{"error": "..."}``). A REQUEST holds ``prompt``,
+``config`` (GenerationConfig fields) and optionally ``constraint`` (ActionConstraint fields).
+OP says how the batch reaches vLLM:
+
+- ``generate``: ``backend.generate(requests)``: one batched call (the batch engine, until the
+  async engine has started);
+- ``concurrent``: one ``agenerate`` per request, all awaited together on one event loop, so the
+  async engine batches them;
+- ``sequential``: one ``agenerate`` at a time, each awaited before the next is sent.
+
+The first line written is ``{"ready": true, ...}`` once the backend is built (engines start on
+first use). Only these lines reach stdout: everything else printed there (vLLM's logs, its
+engine process) is sent to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+import time
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+_PROTOCOL = os.fdopen(os.dup(1), "w", buffering=1)
+os.dup2(2, 1)  # from here on, fd 1 (and every child's) is stderr
+
+from agents.llm.base import ActionConstraint, Completion, GenerationConfig, Request  # noqa: E402
+from agents.llm.vllm_backend import VLLMBackend  # noqa: E402
+
+
+def request_from(data: dict[str, Any]) -> Request:
+    config = dict(data.get("config") or {})
+    if "stop" in config:
+        config["stop"] = tuple(config["stop"])
+    constraint = data.get("constraint")
+    return Request(
+        config=GenerationConfig(**config),
+        prompt=data["prompt"],
+        constraint=None
+        if constraint is None
+        else ActionConstraint(
+            actions=tuple(constraint["actions"]),
+            allow_think=bool(constraint.get("allow_think", True)),
+            lead=str(constraint.get("lead", " ")),
+        ),
+    )
+
+
+def completion_json(c: Completion) -> dict[str, Any]:
+    return {
+        "text": c.text,
+        "finish_reason": c.finish_reason,
+        "prompt_tokens": c.prompt_tokens,
+        "completion_tokens": c.completion_tokens,
+        "cached_tokens": c.cached_tokens,
+        "latency_s": round(c.latency_s, 4),
+    }
+
+
+async def _concurrent(backend: VLLMBackend, requests: list[Request]) -> list[Completion]:
+    return list(await asyncio.gather(*(backend.agenerate(r) for r in requests)))
+
+
+async def _sequential(backend: VLLMBackend, requests: list[Request]) -> list[Completion]:
+    return [await backend.agenerate(r) for r in requests]
+
+
+def answer(backend: VLLMBackend, op: str, requests: list[Request]) -> list[Completion]:
+    if op == "generate":
+        return backend.generate(requests)
+    if op == "concurrent":
+        return asyncio.run(_concurrent(backend, requests))
+    if op == "sequential":
+        return asyncio.run(_sequential(backend, requests))
+    raise ValueError(f"unknown op {op!r}: use generate, concurrent or sequential")
+
+
+def emit(message: dict[str, Any]) -> None:
+    _PROTOCOL.write(json.dumps(message) + "\n")
+    _PROTOCOL.flush()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="HF checkpoint folder")
+    parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--kv-cache-mib", type=int, default=512)
+    # float32: greedy repeats are bit-for-bit even when a prompt comes partly from the cache
+    parser.add_argument("--dtype", default="float32")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+
+    backend = VLLMBackend(
+        args.model,
+        enforce_eager=True,
+        dtype=args.dtype,
+        max_model_len=args.max_model_len,
+        # on the CPU build gpu_memory_utilization is a share of host RAM: ask for a fixed cache
+        kv_cache_memory_bytes=args.kv_cache_mib * 1024 * 1024,
+    )
+    emit({"ready": True, "describe": backend.describe()})
+    try:
+        for line in sys.stdin:
+            if not line.strip():
+                continue
+            message = json.loads(line)
+            requests = [request_from(r) for r in message["requests"]]
+            started = time.perf_counter()
+            try:
+                completions = answer(backend, str(message["op"]), requests)
+            except Exception as exc:  # reported to the driver, which decides
+                emit({"error": f"{type(exc).__name__}: {exc}"})
+                continue
+            wall = time.perf_counter() - started
+            emit({"completions": [completion_json(c) for c in completions], "wall_s": wall})
+    finally:
+        backend.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
