@@ -215,6 +215,7 @@ class TokenGrammar:
         self.line_end = [
             i for i, t in enumerate(self.texts) if t and t.endswith("\n") and "\n" not in t[:-1]
         ]
+        self._free: dict[tuple[bool, bool], list[int]] = {}
 
     def _prefixes_of(self, remainder: str) -> list[int]:
         """Tokens whose text is a non-empty prefix of ``remainder``."""
@@ -258,9 +259,19 @@ class TokenGrammar:
                     if "\n" not in tail or ends_line:
                         out += self.by_text[t]
             elif text.startswith(head):
-                out += self.plain
-                if newline and len(text) > len(head):
-                    out += self.line_end
-                elif newline:
-                    out += [i for i in self.line_end if len(self.texts[i] or "") > 1]
+                return self.free_text(has_text=len(text) > len(head), newline=newline)
         return sorted(set(out))
+
+    def free_text(self, *, has_text: bool, newline: bool) -> list[int]:
+        """Tokens allowed inside a thought (the same list object for the same arguments, so a
+        caller may cache what it builds from it): text without a newline, a line end once the
+        thought has text (or a token that brings both), and the stop tokens once it has text."""
+        key = (has_text, newline)
+        if key not in self._free:
+            out = list(self.plain)
+            if newline:
+                out += [i for i in self.line_end if has_text or len(self.texts[i] or "") > 1]
+            if has_text:
+                out += self.stop_ids
+            self._free[key] = sorted(set(out))
+        return self._free[key]

@@ -10,7 +10,6 @@ import dataclasses
 import json
 import logging
 import os
-import select
 import signal
 import socket
 import subprocess
@@ -42,6 +41,7 @@ from agents.llm.vllm_backend import (
     sampling_params_kwargs,
 )
 from agents.prompting import actor_prefix, example_texts
+from tests.backend_process import BackendProcess, converted_checkpoint, offline_env
 from tests.grounded_episodes import assert_grounded, play
 
 REPO = Path(__file__).resolve().parents[1]
@@ -441,87 +441,35 @@ def test_real_vllm_cpu_runs_episodes_through_the_runner(
 
 # ---------------------------------------------------------------------------------------------
 # Grounded decoding and the async engine on the real CPU build. One vLLM process serves the
-# module (scripts/vllm_stdio.py); the episodes are played here, on real generated games.
-
-
-def _vllm_env() -> dict[str, str]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    return env
+# module (scripts/backend_stdio.py); the episodes are played here, on real generated games.
 
 
 @pytest.fixture(scope="module")
 def vllm_checkpoint() -> str:
     if not VLLM_PYTHON:
         pytest.skip("set REFLEXSIM_VLLM_PYTHON to a python with vllm")
-    convert = subprocess.run(
-        [str(VLLM_PYTHON), str(SCRIPTS / "convert_embedded_to_hf.py")],
-        cwd=REPO, env=_vllm_env(), capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert convert.returncode == 0, convert.stderr[-3000:]
-    return convert.stdout.strip().splitlines()[-1]
+    return converted_checkpoint(VLLM_PYTHON)
 
 
-class VLLMStdio:
-    """The in-process vLLM backend in a .venv-vllm process, one JSON line per batch."""
-
-    def __init__(self, model: str, log: Path) -> None:
-        self.log = log
-        self.proc = subprocess.Popen(
-            [str(VLLM_PYTHON), str(SCRIPTS / "vllm_stdio.py"), "--model", model],
-            cwd=REPO, env=_vllm_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=log.open("w"), text=True,
-        )  # fmt: skip
-        self.ready = self._read(300)
-
-    def _read(self, timeout: float) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        line = self.proc.stdout.readline() if ready else ""
-        if not line:
-            self.close()
-            pytest.fail(f"vllm_stdio gave no answer: {self.log.read_text()[-3000:]}")
-        message: dict[str, Any] = json.loads(line)
-        return message
-
-    def send(self, op: str, requests: list[Request]) -> tuple[list[Completion], float]:
-        assert self.proc.stdin is not None
-        payload = [
-            {
-                "prompt": r.prompt,
-                "config": dataclasses.asdict(r.config),
-                "constraint": None if r.constraint is None else dataclasses.asdict(r.constraint),
-            }
-            for r in requests
-        ]
-        self.proc.stdin.write(json.dumps({"op": op, "requests": payload}) + "\n")
-        self.proc.stdin.flush()
-        answer = self._read(600)
-        assert "error" not in answer, answer["error"]
-        return [Completion(**c) for c in answer["completions"]], float(answer["wall_s"])
-
-    def close(self) -> None:
-        if self.proc.stdin is not None and not self.proc.stdin.closed:
-            self.proc.stdin.close()  # the script shuts its engines down and exits
-        try:
-            self.proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+# float32: greedy repeats are bit-for-bit even when a prompt comes partly from the prefix cache;
+# on the CPU build gpu_memory_utilization is a share of host RAM: ask for a fixed cache instead
+ENGINE = {"dtype": "float32", "enforce_eager": "true", "max_model_len": "4096",
+          "kv_cache_memory_bytes": str(512 << 20)}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def vllm_stdio(
     vllm_checkpoint: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[VLLMStdio]:
-    server = VLLMStdio(vllm_checkpoint, tmp_path_factory.mktemp("vllm") / "stdio.log")
-    assert server.ready["describe"]["grounding"] == "vLLM structured outputs (regex)"
+) -> Iterator[BackendProcess]:
+    log = tmp_path_factory.mktemp("vllm") / "stdio.log"
+    server = BackendProcess(str(VLLM_PYTHON), f"vllm:{vllm_checkpoint}", ENGINE, log)
+    assert server.ready["grounding"] == "vLLM structured outputs (regex)"
     yield server
     server.close()
 
 
 @pytest.mark.slow
-def test_real_vllm_grounded_batch_engine(vllm_stdio: VLLMStdio, generated_games: Path) -> None:
+def test_real_vllm_grounded_batch_engine(vllm_stdio: BackendProcess, generated_games: Path) -> None:
     # the batch engine (vllm.LLM): structured outputs in SamplingParams
     steps = play(lambda r: vllm_stdio.send("generate", r)[0], generated_games, steps=2)
     assert_grounded(steps)
@@ -536,7 +484,7 @@ TASKS = ("put a clean mug in cabinet", "heat an egg", "cool a tomato", "find two
 
 
 @pytest.mark.slow
-def test_real_vllm_async_concurrent_matches_sequential(vllm_stdio: VLLMStdio) -> None:
+def test_real_vllm_async_concurrent_matches_sequential(vllm_stdio: BackendProcess) -> None:
     config = GenerationConfig(temperature=0.0, max_tokens=12, stop=("\n",), seed=0)
     requests = [
         Request(config=config, prompt=f"{SHARED_PREFIX}Your task is to: {task}.\n>")
@@ -562,7 +510,9 @@ def test_real_vllm_async_concurrent_matches_sequential(vllm_stdio: VLLMStdio) ->
 
 
 @pytest.mark.slow
-def test_real_vllm_grounded_episodes_async(vllm_stdio: VLLMStdio, generated_games: Path) -> None:
+def test_real_vllm_grounded_episodes_async(
+    vllm_stdio: BackendProcess, generated_games: Path
+) -> None:
     steps = play(lambda r: vllm_stdio.send("concurrent", r)[0], generated_games)
     assert_grounded(steps)
 
@@ -581,7 +531,7 @@ def test_real_vllm_serve_structured_outputs(
         "--kv-cache-memory-bytes", str(512 << 20),
     ]  # fmt: skip
     proc = subprocess.Popen(
-        command, cwd=tmp_path, env=_vllm_env(), stdout=log, stderr=log, start_new_session=True
+        command, cwd=tmp_path, env=offline_env(), stdout=log, stderr=log, start_new_session=True
     )
     url = f"http://127.0.0.1:{port}/v1"
     try:

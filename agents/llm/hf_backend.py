@@ -72,16 +72,28 @@ class _Grounded:
         self.torch, self.grammar, self.constraints = torch, grammar, constraints
         self.newline, self.width, self.n = newline, width, n
         self.ends = set(grammar.stop_ids)
+        self.masks: dict[int, tuple[list[int], Any]] = {}  # long lists -> their index tensors
+
+    def _index(self, allowed: list[int]) -> Any:
+        if len(allowed) < 1024:
+            return self.torch.tensor(allowed, dtype=self.torch.long)
+        # a thought's list is the same object every step (TokenGrammar.free_text); the entry
+        # holds the list itself, so its id cannot be reused by another list meanwhile
+        found = self.masks.get(id(allowed))
+        if found is None or found[0] is not allowed:
+            found = (allowed, self.torch.tensor(allowed, dtype=self.torch.long))
+            self.masks[id(allowed)] = found
+        return found[1]
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
         for row in range(scores.shape[0]):
             constraint = self.constraints[row // self.n]
             generated = input_ids[row, self.width :].tolist()
             if constraint is None or self.ends.intersection(generated):
-                continue  # free, or already finished (then padded)
+                continue  # free, or finished at an end-of-sequence token (then padded)
             text = "".join(self.grammar.texts[i] or "" for i in generated)
             allowed = self.grammar.allowed(constraint, text, newline=self.newline)
-            keep = self.torch.tensor(allowed or self.grammar.stop_ids, dtype=self.torch.long)
+            keep = self._index(allowed or self.grammar.stop_ids)
             mask = self.torch.full_like(scores[row], float("-inf"))
             mask[keep.to(scores.device)] = 0.0
             scores[row] = scores[row] + mask
@@ -140,7 +152,7 @@ class HFBackend:
         if self._grammar is None:
             ends = self.model.generation_config.eos_token_id
             ends = [ends] if isinstance(ends, int) else list(ends or [])
-            ends += [self.tokenizer.eos_token_id, self.tokenizer.pad_token_id]
+            ends.append(self.tokenizer.eos_token_id)  # not the pad token: generate goes on after it
             ends = [int(i) for i in ends if i is not None]
             self._grammar = TokenGrammar(token_texts(self.tokenizer), ends)
         return self._grammar

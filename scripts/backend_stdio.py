@@ -1,9 +1,12 @@
-"""Serve the in-process vLLM backend over stdin/stdout, one JSON line per batch of requests.
+"""Serve a backend over stdin/stdout, one JSON line per batch of requests.
 
-Run with a python that has vllm (the .venv-vllm from scripts/setup_vllm_cpu.sh); a test (or any
-program in another environment) drives it:
+For backends whose library lives in another environment (vLLM's CPU build and torch are in the
+.venv-vllm from scripts/setup_vllm_cpu.sh): a test, or any program, drives it from outside.
 
-    .venv-vllm/bin/python scripts/vllm_stdio.py --model ~/.cache/reflexsim/gemma3-270m-hf
+    .venv-vllm/bin/python scripts/backend_stdio.py vllm:$HOME/.cache/reflexsim/gemma3-270m-hf \
+        --option dtype=float32 --option enforce_eager=true --option kv_cache_memory_bytes=536870912
+
+``--option name=value`` are the backend's options (strings, as in a config file).
 
 Each input line is ``{"op": OP, "requests": [REQUEST, ...]}`` and gets one output line
 ``{"completions": [...], "wall_s": ...}`` (or ``{"error": "..."}``). A REQUEST holds ``prompt``,
@@ -12,8 +15,8 @@ OP says how the batch reaches vLLM:
 
 - ``generate``: ``backend.generate(requests)``: one batched call (the batch engine, until the
   async engine has started);
-- ``concurrent``: one ``agenerate`` per request, all awaited together on one event loop, so the
-  async engine batches them;
+- ``concurrent``: one ``agenerate`` per request, all awaited together on one event loop, so an
+  async engine batches them (backends with ``agenerate`` only);
 - ``sequential``: one ``agenerate`` at a time, each awaited before the next is sent.
 
 The first line written is ``{"ready": true, ...}`` once the backend is built (engines start on
@@ -37,8 +40,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 _PROTOCOL = os.fdopen(os.dup(1), "w", buffering=1)
 os.dup2(2, 1)  # from here on, fd 1 (and every child's) is stderr
 
+from agents.llm import make_backend  # noqa: E402
 from agents.llm.base import ActionConstraint, Completion, GenerationConfig, Request  # noqa: E402
-from agents.llm.vllm_backend import VLLMBackend  # noqa: E402
 
 
 def request_from(data: dict[str, Any]) -> Request:
@@ -70,15 +73,15 @@ def completion_json(c: Completion) -> dict[str, Any]:
     }
 
 
-async def _concurrent(backend: VLLMBackend, requests: list[Request]) -> list[Completion]:
+async def _concurrent(backend: Any, requests: list[Request]) -> list[Completion]:
     return list(await asyncio.gather(*(backend.agenerate(r) for r in requests)))
 
 
-async def _sequential(backend: VLLMBackend, requests: list[Request]) -> list[Completion]:
+async def _sequential(backend: Any, requests: list[Request]) -> list[Completion]:
     return [await backend.agenerate(r) for r in requests]
 
 
-def answer(backend: VLLMBackend, op: str, requests: list[Request]) -> list[Completion]:
+def answer(backend: Any, op: str, requests: list[Request]) -> list[Completion]:
     if op == "generate":
         return backend.generate(requests)
     if op == "concurrent":
@@ -95,23 +98,13 @@ def emit(message: dict[str, Any]) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True, help="HF checkpoint folder")
-    parser.add_argument("--max-model-len", type=int, default=4096)
-    parser.add_argument("--kv-cache-mib", type=int, default=512)
-    # float32: greedy repeats are bit-for-bit even when a prompt comes partly from the cache
-    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("spec", help="a model spec, e.g. vllm:<checkpoint> or hf:<checkpoint>")
+    parser.add_argument("--option", action="append", default=[], metavar="NAME=VALUE")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-
-    backend = VLLMBackend(
-        args.model,
-        enforce_eager=True,
-        dtype=args.dtype,
-        max_model_len=args.max_model_len,
-        # on the CPU build gpu_memory_utilization is a share of host RAM: ask for a fixed cache
-        kv_cache_memory_bytes=args.kv_cache_mib * 1024 * 1024,
-    )
-    emit({"ready": True, "describe": backend.describe()})
+    options = dict(o.split("=", 1) for o in args.option)
+    backend: Any = make_backend(args.spec, **options)
+    emit({"ready": True, "describe": backend.describe(), "grounding": backend.grounding})
     try:
         for line in sys.stdin:
             if not line.strip():
