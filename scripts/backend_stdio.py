@@ -33,12 +33,17 @@ import logging
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 _PROTOCOL = os.fdopen(os.dup(1), "w", buffering=1)
 os.dup2(2, 1)  # from here on, fd 1 (and every child's) is stderr
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from vllm_smoke import summary  # noqa: E402
 
 from agents.llm import make_backend  # noqa: E402
 from agents.llm.base import ActionConstraint, Completion, GenerationConfig, Request  # noqa: E402
@@ -60,17 +65,6 @@ def request_from(data: dict[str, Any]) -> Request:
             lead=str(constraint.get("lead", " ")),
         ),
     )
-
-
-def completion_json(c: Completion) -> dict[str, Any]:
-    return {
-        "text": c.text,
-        "finish_reason": c.finish_reason,
-        "prompt_tokens": c.prompt_tokens,
-        "completion_tokens": c.completion_tokens,
-        "cached_tokens": c.cached_tokens,
-        "latency_s": round(c.latency_s, 4),
-    }
 
 
 async def _concurrent(backend: Any, requests: list[Request]) -> list[Completion]:
@@ -118,7 +112,7 @@ def main() -> int:
                 emit({"error": f"{type(exc).__name__}: {exc}"})
                 continue
             wall = time.perf_counter() - started
-            emit({"completions": [completion_json(c) for c in completions], "wall_s": wall})
+            emit({"completions": [summary(c) for c in completions], "wall_s": wall})
     finally:
         backend.close()
     return 0

@@ -212,19 +212,23 @@ def llama_server(embedded: Any) -> Iterator[str]:
             proc.wait()
 
 
+def server_backend(url: str, **options: Any) -> Any:
+    """The OpenAI backend on the llama.cpp server. The server samples with repeat_penalty=1.1
+    unless told; the OpenAI API (and the in-process backend) apply none, so it is sent."""
+    return make_backend(
+        "openai:gemma3-270m",
+        base_url=url,
+        extra_body={"repeat_penalty": 1.0},
+        timeout=300,
+        **options,
+    )
+
+
 @pytest.mark.slow
 def test_openai_backend_on_llama_cpp_server_matches_in_process_greedy(
     embedded: Any, llama_server: str
 ) -> None:
-    # the server samples with repeat_penalty=1.1 unless told; the OpenAI API (and the in-process
-    # backend) apply none, so it is sent as an extra body field
-    remote = make_backend(
-        "openai:gemma3-270m",
-        base_url=llama_server,
-        extra_body={"repeat_penalty": 1.0},
-        concurrency=4,
-        timeout=300,
-    )
+    remote = server_backend(llama_server, concurrency=4)
     prompts = [
         episode_prompt("put a clean mug in coffeemachine", 0),
         episode_prompt("find a key", 2),
@@ -262,13 +266,7 @@ def test_grounded_episodes_smollm2_in_process(generated_games: Path) -> None:
 def test_grounded_episodes_through_llama_cpp_server(
     llama_server: str, generated_games: Path
 ) -> None:
-    remote = make_backend(
-        "openai:gemma3-270m",
-        base_url=llama_server,
-        grammar_dialect="llamacpp",
-        extra_body={"repeat_penalty": 1.0},
-        timeout=300,
-    )
+    remote = server_backend(llama_server, grammar_dialect="llamacpp")
     try:
         steps = play(remote.generate, generated_games)
     finally:
