@@ -10,8 +10,8 @@ where ``A_i`` are ``c.actions`` verbatim, ``T`` is one or more characters other 
 request stops at ``"\\n"``) lets a model end its line the way it does under free decoding; the
 backend's stop handling then drops it. Every backend builds its grammar here:
 :func:`gbnf_for` (llama.cpp, in process and the server's ``grammar`` field), :func:`regex_for`
-(vLLM structured outputs, in process and through ``vllm serve``), and :func:`viable_prefix`
-(the character-level check behind the transformers logits processor).
+(vLLM structured outputs, in process and through ``vllm serve``), and :class:`TokenGrammar`
+(token masks from :func:`viable_prefix`, behind the transformers logits processor).
 
 :func:`nearest_action` is the ``nearest`` mode: free output mapped afterwards to the most similar
 admissible command (see its docstring for the similarity).

@@ -15,6 +15,15 @@ from pathlib import Path
 from agents.llm.base import ActionConstraint, Completion, GenerationConfig, Request
 from agents.prompting import actor_prefix, actor_prompt, example_texts
 
+# commands that test a grammar's escaping: quotes, backslashes, non-ASCII, a tab, regex syntax
+NASTY = (
+    'say "hi"',
+    "path a\\b\\",
+    "emoji \u00e9t\u00e9 \u2603",
+    "tab\there",
+    'q"\\"q',
+    "a.b*c+d?(e)[f]{g}|h^i$j",
+)
 ACTOR = GenerationConfig(temperature=0.0, max_tokens=40, stop=("\n",), seed=0)
 
 

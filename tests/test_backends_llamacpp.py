@@ -22,7 +22,7 @@ from agents.llm import GenerationConfig, Message, Request, make_backend
 from agents.llm.base import ActionConstraint
 from agents.llm.common import check_grounding
 from agents.llm.llamacpp_backend import common_prefix, route
-from tests.grounded_episodes import assert_grounded, play
+from tests.grounded_episodes import NASTY, assert_grounded, play
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
@@ -272,9 +272,6 @@ def test_grounded_episodes_through_llama_cpp_server(
     finally:
         remote.close()
     assert_grounded(steps)
-
-
-NASTY = ('say "hi"', "path a\\b\\", "emoji \u00e9t\u00e9 \u2603", "tab\there", 'q"\\"q')
 
 
 @pytest.mark.slow

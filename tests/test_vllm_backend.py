@@ -44,7 +44,7 @@ from agents.llm.vllm_backend import (
 )
 from agents.prompting import actor_prefix, example_texts
 from tests.backend_process import BackendProcess, converted_checkpoint, offline_env
-from tests.grounded_episodes import assert_grounded, play
+from tests.grounded_episodes import NASTY, assert_grounded, play
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "scripts"
@@ -607,6 +607,12 @@ def test_real_vllm_async_concurrent_matches_sequential(vllm_stdio: BackendProces
     for op in ("concurrent", "generate"):
         answers, _ = vllm_stdio.send(op, grounded)
         assert {a.text for a in answers} <= {" go to cabinet 1", " go to shelf 1", " look"}
+    # the regex escapes quotes, backslashes and regex syntax as vLLM's engines read them
+    nasty = [
+        dataclasses.replace(requests[0], constraint=ActionConstraint(NASTY, allow_think=False))
+    ]
+    (answer,), _ = vllm_stdio.send("concurrent", nasty)
+    assert answer.text[1:] in NASTY
 
 
 @pytest.mark.slow

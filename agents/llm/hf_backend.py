@@ -168,6 +168,7 @@ class HFBackend:
             "chat_format": self.chat_format,
             "transformers_version": __import__("transformers").__version__,
             "torch_version": self._torch.__version__,
+            "grounding": self.grounding,
         }
 
     def render(self, request: Request) -> tuple[str, bool]:
