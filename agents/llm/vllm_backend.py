@@ -292,6 +292,7 @@ class VLLMBackend:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
+        self._start_error: BackendError | None = None  # a failed start is not retried per call
         self._ids = itertools.count()
         self.load_s: float | None = None
         self.calls = 0
@@ -316,6 +317,8 @@ class VLLMBackend:
         with self._start_lock:
             if self._engine is not None:
                 return
+            if self._start_error is not None:
+                raise self._start_error
             if self._llm is not None:
                 logger.info("vllm: the async engine replaces the batch engine of %s", self.model)
                 self._close_llm()
@@ -331,7 +334,8 @@ class VLLMBackend:
                 loop.call_soon_threadsafe(loop.stop)
                 thread.join()
                 loop.close()
-                raise self._load_error(exc) from exc
+                self._start_error = self._load_error(exc)
+                raise self._start_error from exc
             self._loop, self._thread = loop, thread
             self.load_s = time.perf_counter() - started
             logger.info("vllm async engine ready: %s in %.1fs", self.model, self.load_s)
