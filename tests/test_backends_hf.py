@@ -3,6 +3,7 @@ random model built here, when torch and transformers are installed (``reflexsim[
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,10 @@ from typing import Any
 import pytest
 
 from agents.llm import GenerationConfig, Message, Request
-from agents.llm.common import truncate_at_stop
+from agents.llm.base import ActionConstraint
+from agents.llm.common import check_grounding, truncate_at_stop
+from tests.backend_process import BackendProcess, converted_checkpoint
+from tests.grounded_episodes import assert_grounded, play
 
 
 @pytest.mark.parametrize(
@@ -133,3 +137,52 @@ def test_sampling_is_seeded_and_chat_uses_the_template(hf: Any) -> None:
     c = hf.generate([Request(config=cfg, messages=msgs)])[0]
     assert c.sent["prompt"] == "<|user|>go to desk 1\n<|assistant|>"
     assert hf.describe()["device"] == "cpu"
+
+
+# -- grounded decoding: a logits processor over the tokens' texts ---------------------------------
+ACTIONS = ("go to desk 1", "go to desk 10", "take pen 1 from desk 1", 'say "hi"', "look")
+
+
+def test_grounded_rows_only_write_allowed_text(hf: Any) -> None:
+    # random weights: whatever the model prefers, the mask leaves it nothing but allowed text
+    from agents.grounding import is_complete, viable_prefix
+
+    assert check_grounding(hf) == "transformers logits processor over token texts"
+    thinking = ActionConstraint(ACTIONS)
+    commands = ActionConstraint(ACTIONS, allow_think=False, lead="")
+    configs = [
+        GenerationConfig(temperature=0.0, max_tokens=24, stop=("\n",)),
+        GenerationConfig(temperature=1.0, max_tokens=12, stop=("\n",), seed=5, n=2),
+    ]
+    for cfg in configs:
+        for constraint in (thinking, commands):
+            requests = [Request(config=cfg, prompt=p, constraint=constraint) for p in PROMPTS]
+            requests.append(Request(config=cfg, prompt=PROMPTS[0]))  # a free row in the batch
+            out = hf.generate(requests)
+            for c in out[:-1]:
+                for text in (c.text, *c.alternatives):
+                    if c.finish_reason == "length":
+                        assert viable_prefix(constraint, text, newline=False), text
+                    else:
+                        assert is_complete(constraint, text, newline=False), text
+            if constraint is commands:
+                assert all(c.text in ACTIONS for c in out[:-1] if c.finish_reason == "stop")
+
+
+HF_PYTHON = os.environ.get("REFLEXSIM_VLLM_PYTHON")  # its venv holds torch and transformers
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HF_PYTHON, reason="set REFLEXSIM_VLLM_PYTHON to a python with torch")
+def test_grounded_episodes_hf_gemma(generated_games: Path, tmp_path: Path) -> None:
+    assert HF_PYTHON
+    model = converted_checkpoint(HF_PYTHON)
+    options = {"dtype": "float32", "device": "cpu", "batch_size": "3"}
+    server = BackendProcess(HF_PYTHON, f"hf:{model}", options, tmp_path / "hf.log")
+    try:
+        assert server.ready["grounding"] == "transformers logits processor over token texts"
+        # one batched step of three games: transformers on two shared cores is slow
+        steps = play(lambda r: server.send("generate", r)[0], generated_games, steps=1)
+    finally:
+        server.close()
+    assert_grounded(steps, each=1)

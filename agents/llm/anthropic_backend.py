@@ -18,6 +18,9 @@ blocks are read (thinking blocks are skipped). ``n > 1`` is served by ``n`` requ
 Concurrency, retries (timeouts, 429 with Retry-After, 5xx and 529 overloaded, dropped
 connections, malformed JSON) and key handling are those of the OpenAI backend: the key is read
 from ``api_key_env`` (default ``ANTHROPIC_API_KEY``) only and never stored or logged.
+Grounded decoding: the Messages API cannot restrict the answer to a list of commands, so a
+request with a ``constraint`` is a one-line :class:`SpecError` naming ``--action-decoding
+nearest`` (free output mapped to the nearest admissible command afterwards).
 Usage: ``prompt_tokens`` = input + cache-read + cache-write tokens; ``cached_tokens`` = cache
 reads.
 """
@@ -35,6 +38,7 @@ from agents.llm.base import BackendError, Completion, Request, SpecError
 from agents.llm.common import (
     CONTINUE_INSTRUCTION,
     check_chat_format,
+    grounding_error,
     key_scrubber,
     messages_as_dicts,
     opt_float,
@@ -70,6 +74,8 @@ class AnthropicBackend:
 
     # the engine sends each request on its own as it comes, at most its concurrency at once
     scheduling = "per_request"
+    grounding: str | None = None  # no constrained decoding in the Messages API
+    grounding_missing = "the Messages API cannot restrict an answer to a list of commands"
 
     def __init__(
         self,
@@ -153,6 +159,8 @@ class AnthropicBackend:
         }
 
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        if any(r.constraint is not None for r in requests):
+            raise grounding_error(self.name, self.grounding_missing)
         if self.sampling == "omit" and not self._warned and requests:
             self._warned = True
             log.warning(

@@ -182,3 +182,23 @@ def sampling_dict(request: Request) -> dict[str, Any]:
         "seed": c.seed,
         "n": c.n,
     }
+
+
+def grounding_error(backend: str, reason: str) -> SpecError:
+    """The one-line error of a backend asked for grounded decoding it cannot do."""
+    return SpecError(
+        f"{backend} cannot constrain decoding to the admissible commands ({reason}); "
+        "use --action-decoding nearest instead"
+    )
+
+
+def check_grounding(backend: Any) -> str:
+    """How ``backend`` enforces an :class:`~agents.llm.base.ActionConstraint` (its
+    ``grounding`` attribute, e.g. ``"llama.cpp GBNF grammar"``), or the one-line
+    :class:`SpecError` naming ``--action-decoding nearest`` when it cannot (the reason from its
+    ``grounding_missing`` attribute). Call it before a grounded run starts."""
+    mechanism = getattr(backend, "grounding", None)
+    if isinstance(mechanism, str) and mechanism:
+        return mechanism
+    reason = getattr(backend, "grounding_missing", None) or "it has no constrained decoding"
+    raise grounding_error(str(getattr(backend, "name", type(backend).__name__)), str(reason))

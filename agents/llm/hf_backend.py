@@ -10,6 +10,13 @@ per request). ``torch`` and ``transformers`` are imported when the backend is bu
 Prompts are sent as text (``chat_format="raw"``); chat messages (and prompts under ``"user"`` /
 ``"prefill"``) go through the tokenizer's chat template, and ``Completion.sent`` holds the text.
 Token counts come from the tokenizer; nothing is cached across calls (``cached_tokens=0``).
+
+Grounded decoding: rows with a ``constraint`` get a logits processor that masks every token whose
+text would leave the constraint's language (:class:`agents.grounding.TokenGrammar`: each token's
+text is read once from the tokenizer, by decoding it after a fixed anchor token; special tokens
+and partial UTF-8 pieces are never allowed), and allows end-of-sequence once the text is
+complete. The completion text of such a row is the concatenation of those token texts, exactly
+what was checked.
 """
 
 from __future__ import annotations
@@ -18,7 +25,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from agents.llm.base import Completion, GenerationConfig, Request, SpecError
+from agents.grounding import TokenGrammar
+from agents.llm.base import ActionConstraint, Completion, GenerationConfig, Request, SpecError
 from agents.llm.common import (
     CONTINUE_INSTRUCTION,
     check_chat_format,
@@ -31,8 +39,71 @@ from agents.llm.common import (
 )
 
 
+def token_texts(tokenizer: Any) -> list[str | None]:
+    """The text each token adds after other text (None: special, or not text on its own)."""
+    anchor_ids = list(tokenizer.encode("a", add_special_tokens=False))
+    anchor = tokenizer.decode(anchor_ids, clean_up_tokenization_spaces=False)
+    special = set(tokenizer.all_special_ids)
+    special |= {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
+    decoded = tokenizer.batch_decode(
+        [[*anchor_ids, i] for i in range(len(tokenizer))],
+        skip_special_tokens=False,
+        clean_up_tokenization_spaces=False,
+    )
+    out: list[str | None] = []
+    for i, text in enumerate(decoded):
+        piece = text[len(anchor) :] if text.startswith(anchor) else ""
+        out.append(piece if piece and i not in special and "\ufffd" not in piece else None)
+    return out
+
+
+class _Grounded:
+    """A logits processor: each constrained row may only continue inside its constraint."""
+
+    def __init__(
+        self,
+        torch: Any,
+        grammar: TokenGrammar,
+        constraints: Sequence[ActionConstraint | None],
+        newline: bool,
+        width: int,
+        n: int,
+    ) -> None:
+        self.torch, self.grammar, self.constraints = torch, grammar, constraints
+        self.newline, self.width, self.n = newline, width, n
+        self.ends = set(grammar.stop_ids)
+        self.masks: dict[int, tuple[list[int], Any]] = {}  # long lists -> their index tensors
+
+    def _index(self, allowed: list[int]) -> Any:
+        if len(allowed) < 1024:
+            return self.torch.tensor(allowed, dtype=self.torch.long)
+        # a thought's list is the same object every step (TokenGrammar.free_text); the entry
+        # holds the list itself, so its id cannot be reused by another list meanwhile
+        found = self.masks.get(id(allowed))
+        if found is None or found[0] is not allowed:
+            found = (allowed, self.torch.tensor(allowed, dtype=self.torch.long))
+            self.masks[id(allowed)] = found
+        return found[1]
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        for row in range(scores.shape[0]):
+            constraint = self.constraints[row // self.n]
+            generated = input_ids[row, self.width :].tolist()
+            if constraint is None or self.ends.intersection(generated):
+                continue  # free, or finished at an end-of-sequence token (then padded)
+            text = "".join(self.grammar.texts[i] or "" for i in generated)
+            allowed = self.grammar.allowed(constraint, text, newline=self.newline)
+            keep = self._index(allowed or self.grammar.stop_ids)
+            mask = self.torch.full_like(scores[row], float("-inf"))
+            mask[keep.to(scores.device)] = 0.0
+            scores[row] = scores[row] + mask
+        return scores
+
+
 class HFBackend:
     """A causal LM from transformers. See the module docstring."""
+
+    grounding = "transformers logits processor over token texts"  # enforces ActionConstraint
 
     def __init__(
         self,
@@ -57,6 +128,7 @@ class HFBackend:
         remote = opt_bool(who, "trust_remote_code", trust_remote_code)
         self._torch = require("torch", "torch", "hf")
         transformers = require("transformers", "transformers", "hf")
+        self._transformers = transformers
         torch = self._torch
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -73,6 +145,17 @@ class HFBackend:
             model, dtype=torch_dtype, trust_remote_code=remote
         ).to(device)
         self.model.eval()
+        self._grammar: TokenGrammar | None = None
+
+    def token_grammar(self) -> TokenGrammar:
+        """The tokenizer's :class:`TokenGrammar` (built on the first constrained request)."""
+        if self._grammar is None:
+            ends = self.model.generation_config.eos_token_id
+            ends = [ends] if isinstance(ends, int) else list(ends or [])
+            ends.append(self.tokenizer.eos_token_id)  # not the pad token: generate goes on after it
+            ends = [int(i) for i in ends if i is not None]
+            self._grammar = TokenGrammar(token_texts(self.tokenizer), ends)
+        return self._grammar
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -85,6 +168,7 @@ class HFBackend:
             "chat_format": self.chat_format,
             "transformers_version": __import__("transformers").__version__,
             "torch_version": self._torch.__version__,
+            "grounding": self.grounding,
         }
 
     def render(self, request: Request) -> tuple[str, bool]:
@@ -161,6 +245,12 @@ class HFBackend:
                 torch.manual_seed(config.seed)
         else:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        constraints = [r.constraint for r in requests]
+        grammar = self.token_grammar() if any(c is not None for c in constraints) else None
+        if grammar is not None:
+            width = enc["input_ids"].shape[1]
+            grounded = _Grounded(torch, grammar, constraints, "\n" in config.stop, width, config.n)
+            kwargs["logits_processor"] = self._transformers.LogitsProcessorList([grounded])
         with torch.no_grad():
             out = self.model.generate(**enc, **kwargs)
         latency = time.perf_counter() - start
@@ -177,7 +267,10 @@ class HFBackend:
                 while n_gen and ids[n_gen - 1] in eos:
                     n_gen -= 1
                 hit_eos = n_gen < len(ids)
-                text = tok.decode(ids[:n_gen], skip_special_tokens=True)
+                if grammar is not None and constraints[row] is not None:
+                    text = "".join(grammar.texts[i] or "" for i in ids[:n_gen])
+                else:
+                    text = tok.decode(ids[:n_gen], skip_special_tokens=True)
                 text, hit = truncate_at_stop(text, config.stop)
                 finish = "stop" if hit or hit_eos or n_gen < config.max_tokens else "length"
                 outs.append((text, finish, n_gen + (1 if hit_eos else 0)))

@@ -24,6 +24,11 @@ reproducible for the same cache state; llama.cpp's logits for a prompt evaluated
 and for the same prompt found in the cache (its last token replayed alone) differ in the last
 bits, which can move a temperature-1 sample over Gemma's 262k-token vocabulary.
 
+Grounded decoding: a request's :class:`~agents.llm.base.ActionConstraint` becomes a llama.cpp
+GBNF grammar (:func:`agents.grounding.gbnf_for`, one ``LlamaGrammar`` per distinct grammar, kept
+for the last few), so the sampler itself only ever produces the lead and an admissible command
+or a ``think:`` line; with ``"\n"`` among the stops the grammar lets the line end there.
+
 Prompts are sent as text (``chat_format="raw"``, the default: these are completion models);
 chat messages, and prompts under ``chat_format="user"``/``"prefill"``, are rendered with the
 GGUF's chat template (or, without one, as ``User:``/``Assistant:`` lines), and
@@ -37,12 +42,21 @@ import logging
 import os
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agents.llm.base import BackendError, Completion, MissingDependencyError, Request, SpecError
+from agents.grounding import gbnf_for
+from agents.llm.base import (
+    ActionConstraint,
+    BackendError,
+    Completion,
+    MissingDependencyError,
+    Request,
+    SpecError,
+)
 from agents.llm.common import (
     CONTINUE_INSTRUCTION,
     check_chat_format,
@@ -179,6 +193,8 @@ def route(
 class LlamaCppBackend:
     """A GGUF model run by llama.cpp in this process. See the module docstring."""
 
+    grounding = "llama.cpp GBNF grammar"  # how an ActionConstraint is enforced
+
     def __init__(
         self,
         model_path: str | Path,
@@ -220,6 +236,7 @@ class LlamaCppBackend:
         self._llama_cpp = require("llama_cpp", "llama-cpp-python", "server")
         self._lock = threading.Lock()
         self._clock = 0
+        self._grammars: OrderedDict[str, Any] = OrderedDict()
         self._slots: list[_Slot] = [self._new_slot()]  # fail fast on a bad file
         self._template = self._slots[0].llm.metadata.get("tokenizer.chat_template")
 
@@ -258,7 +275,20 @@ class LlamaCppBackend:
             "repeat_penalty": self.repeat_penalty,
             "seed": self.seed,
             "llama_cpp_version": getattr(self._llama_cpp, "__version__", None),
+            "grounding": self.grounding,
         }
+
+    def grammar(self, constraint: ActionConstraint, newline: bool) -> Any:
+        """The ``LlamaGrammar`` for a constraint (the last 64 distinct ones are kept)."""
+        text = gbnf_for(constraint, newline=newline)
+        found = self._grammars.get(text)
+        if found is None:
+            found = self._llama_cpp.LlamaGrammar.from_string(text, verbose=False)
+            self._grammars[text] = found
+            while len(self._grammars) > 64:
+                self._grammars.popitem(last=False)
+        self._grammars.move_to_end(text)
+        return found
 
     @property
     def slots_in_use(self) -> int:
@@ -347,6 +377,9 @@ class LlamaCppBackend:
         texts: list[tuple[str, str]] = []
         completion_tokens = 0
         base_seed = self.seed if c.seed is None else c.seed
+        grammar = None
+        if request.constraint is not None:
+            grammar = self.grammar(request.constraint, newline="\n" in stops)
         for k in range(c.n):
             out = slot.llm.create_completion(
                 tokens,
@@ -358,6 +391,7 @@ class LlamaCppBackend:
                 repeat_penalty=self.repeat_penalty,
                 stop=stops,
                 seed=base_seed + k,
+                grammar=grammar,
             )
             choice = out["choices"][0]
             t, hit = truncate_at_stop(choice["text"], stops)

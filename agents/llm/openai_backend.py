@@ -18,6 +18,22 @@ The key comes only from the environment variable ``api_key_env`` (default ``OPEN
 a ``base_url`` server without one gets a dummy key. It never appears in ``describe()``,
 ``repr``, logs or errors raised here.
 
+Grounded decoding (``Request.constraint``) uses the server's own constrained decoding, in the
+dialect named by ``grammar_dialect``:
+
+- ``"vllm"``: ``vllm serve``'s ``structured_outputs: {"regex": ...}`` extra parameter (vLLM
+  0.10.2 and later; the default for a ``vllm:`` spec with ``base_url``);
+- ``"vllm-guided"``: the older ``guided_regex`` parameter (vLLM before ``structured_outputs``;
+  newer servers ignore it with only a warning, so never use it with them);
+- ``"llamacpp"``: the ``grammar`` field (GBNF) of llama.cpp's server and of
+  ``python -m llama_cpp.server``.
+
+The regex and the grammar come from :mod:`agents.grounding`. An ``openai:`` spec with
+``base_url`` has no default (a server's dialect cannot be guessed safely); api.openai.com has
+none at all: a constrained request there is a one-line :class:`SpecError` naming
+``--action-decoding nearest``. Every constrained answer is checked against the constraint, so a
+server that silently ignored the parameter is a :class:`BackendError`, not a wrong action.
+
 Usage: prompt, completion and cached tokens as the server reports them (0 where it reports
 none). ``extra_body`` is sent with every request (e.g. ``{"repeat_penalty": 1.0}`` for a
 llama.cpp server, whose default of 1.1 differs from the OpenAI API's none).
@@ -32,10 +48,12 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from agents.llm.base import BackendError, Completion, Request, SpecError
+from agents.grounding import gbnf_for, regex_for, viable_prefix
+from agents.llm.base import ActionConstraint, BackendError, Completion, Request, SpecError
 from agents.llm.common import (
     CONTINUE_INSTRUCTION,
     check_chat_format,
+    grounding_error,
     key_scrubber,
     messages_as_dicts,
     opt_float,
@@ -57,6 +75,22 @@ log = logging.getLogger("agents.llm.openai")
 
 DUMMY_KEY = "sk-local-no-key"
 _MAX_STOPS = 4  # the OpenAI API accepts at most 4 stop strings; the rest are applied here
+GRAMMAR_DIALECTS: dict[str, str] = {
+    "vllm": "vLLM structured outputs (regex)",
+    "vllm-guided": "vLLM guided_regex",
+    "llamacpp": "llama.cpp server GBNF grammar",
+}
+
+
+def constraint_fields(dialect: str, constraint: ActionConstraint, newline: bool) -> dict[str, Any]:
+    """The extra request fields that make a server of ``dialect`` enforce ``constraint``."""
+    if dialect == "vllm":
+        return {"structured_outputs": {"regex": regex_for(constraint, newline=newline)}}
+    if dialect == "vllm-guided":
+        return {"guided_regex": regex_for(constraint, newline=newline)}
+    if dialect == "llamacpp":
+        return {"grammar": gbnf_for(constraint, newline=newline)}
+    raise SpecError(f"grammar_dialect={dialect!r} must be one of {', '.join(GRAMMAR_DIALECTS)}")
 
 
 def classify_openai_error(exc: BaseException) -> Retryable | None:
@@ -90,6 +124,7 @@ class OpenAIBackend:
         api_key_env: str = "OPENAI_API_KEY",
         extra_body: Mapping[str, Any] | None = None,
         max_tokens_param: str | None = None,
+        grammar_dialect: str | None = None,
         name: str | None = None,
     ) -> None:
         who = "openai"
@@ -120,6 +155,7 @@ class OpenAIBackend:
             "max_tokens" if base_url else "max_completion_tokens"
         )
         self.name = name or f"openai:{model}"
+        self.grammar_dialect = _dialect(self.name, base_url, grammar_dialect)
         self.api_key_env = api_key_env
         key = os.environ.get(api_key_env)
         if not key:
@@ -155,7 +191,22 @@ class OpenAIBackend:
             "api_key_env": self.api_key_env,
             "extra_body": self.extra_body,
             "max_tokens_param": self.max_tokens_param,
+            "grammar_dialect": self.grammar_dialect,
         }
+
+    @property
+    def grounding(self) -> str | None:
+        """How this backend enforces an ActionConstraint, or None (see ``grounding_missing``)."""
+        return GRAMMAR_DIALECTS.get(self.grammar_dialect or "")
+
+    @property
+    def grounding_missing(self) -> str:
+        if self.base_url is None:
+            return "the OpenAI API takes no grammar or regex for completions"
+        return (
+            f"grammar_dialect is not set: pass grammar_dialect=vllm or llamacpp for the server "
+            f"at {safe_url(self.base_url)}"
+        )
 
     # -- generation ----------------------------------------------------------------------------
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
@@ -175,6 +226,12 @@ class OpenAIBackend:
         if c.seed is not None:
             params["seed"] = c.seed
         extra = dict(self.extra_body)
+        if request.constraint is not None:
+            if self.grammar_dialect is None:
+                raise grounding_error(self.name, self.grounding_missing)
+            extra.update(
+                constraint_fields(self.grammar_dialect, request.constraint, "\n" in c.stop)
+            )
         if request.prompt is not None and self.api == "completions":
             params["prompt"] = request.prompt
             params["max_tokens"] = c.max_tokens
@@ -223,6 +280,14 @@ class OpenAIBackend:
         for text, finish in zip(texts, finishes, strict=True):
             text, hit = truncate_at_stop(text, request.config.stop)
             cleaned.append((text, "stop" if hit else finish))
+            if request.constraint is not None and not viable_prefix(
+                request.constraint, text, newline=False
+            ):
+                raise BackendError(
+                    f"{self.name}: the server ignored the {self.grammar_dialect} constraint "
+                    f"(answered {text[:60]!r}); check grammar_dialect= (vllm, vllm-guided or "
+                    "llamacpp) or use --action-decoding nearest"
+                )
         sent = {"endpoint": endpoint, **{k: v for k, v in params.items() if k != "extra_body"}}
         if "extra_body" in params:
             sent["extra_body"] = params["extra_body"]
@@ -241,6 +306,25 @@ class OpenAIBackend:
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._client.close()
+
+
+def _dialect(name: str, base_url: str | None, dialect: str | None) -> str | None:
+    """The grammar dialect: as given, else ``vllm`` for a ``vllm:`` spec served at base_url."""
+    if dialect in (None, ""):
+        return "vllm" if base_url and name.startswith("vllm:") else None
+    if dialect == "none":
+        return None
+    if dialect not in GRAMMAR_DIALECTS:
+        raise SpecError(
+            f"openai: grammar_dialect={dialect!r} must be one of "
+            f"{', '.join(GRAMMAR_DIALECTS)} or none"
+        )
+    if base_url is None:
+        raise SpecError(
+            "openai: grammar_dialect is for a local server (base_url=); the OpenAI API takes no "
+            "grammar: use --action-decoding nearest"
+        )
+    return dialect
 
 
 def _import_openai() -> Any:

@@ -21,6 +21,12 @@ the action (`` go to desk 1``); the actor parses the first line.
   (``side["game"]``, ``side["trial"]``, ``side["step"]``); reflections by (game, trial). See
   :func:`recorded_output` for the queries. A request with nothing recorded is a BackendError.
 
+Grounded decoding (``Request.constraint``): a policy picks from ``constraint.actions``.
+``random`` draws from them (instead of ``side["admissible"]``, same seeding); ``expert`` and
+``learner`` keep their command when it is one of them (or a thought, when ``allow_think``) and
+otherwise take :func:`agents.grounding.nearest_action` of it; the answer is ``constraint.lead``
+followed by the command. ``replay`` serves what was recorded, constraint or not.
+
 Token counts are words and punctuation marks of the prompt and answer (no tokenizer).
 """
 
@@ -34,7 +40,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agents.llm.base import BackendError, Completion, Request, SpecError
+from agents.grounding import THINK, nearest_action
+from agents.llm.base import ActionConstraint, BackendError, Completion, Request, SpecError
 from agents.llm.common import rough_token_count, truncate_at_stop
 from agents.markers import MEMORY_MARKER
 
@@ -68,8 +75,11 @@ def expert_action(side: dict[str, Any] | Any) -> str:
     return str(walkthrough[done]) if done < len(walkthrough) else FALLBACK_ACTION
 
 
-def random_action(side: dict[str, Any] | Any, seed: int | None) -> str:
-    admissible = list(side.get("admissible") or [])
+def random_action(
+    side: dict[str, Any] | Any, seed: int | None, admissible: Sequence[str] | None = None
+) -> str:
+    """A seeded pick from ``admissible`` (default ``side["admissible"]``)."""
+    admissible = list(side.get("admissible") or []) if admissible is None else list(admissible)
     if not admissible:
         return FALLBACK_ACTION
     key = f"{seed}|{side.get('game')}|{side.get('trial')}|{side.get('step')}"
@@ -124,8 +134,21 @@ def recorded_output(
     return None if row is None else str(row[0])
 
 
+def _pick(answer: str, constraint: ActionConstraint) -> str:
+    """The policy's command if the constraint allows it, else the nearest allowed one."""
+    answer = answer.strip()
+    if answer in constraint.actions:
+        return answer
+    if not constraint.actions:  # then thoughts are allowed (an ActionConstraint checks it)
+        thought = nearest_action(answer, (), allow_think=True)
+        return thought if thought.startswith(THINK) else THINK + (thought or "nothing to do")
+    return nearest_action(answer, constraint.actions, allow_think=constraint.allow_think)
+
+
 class ScriptedBackend:
     """A policy behind the Backend interface; see the module docstring."""
+
+    grounding = "scripted policy picks from the constraint's actions"
 
     def __init__(self, policy: str, *, name: str | None = None, arm: str | None = None) -> None:
         kind, _, arg = policy.partition(":")
@@ -165,7 +188,10 @@ class ScriptedBackend:
         if game is not None and side.get("walkthrough"):
             self._walkthroughs[str(game)] = list(side["walkthrough"])
         text = self._answer(request)
-        if request.purpose == "act" and self.policy != "replay" and not text.startswith(" "):
+        grounded = request.purpose == "act" and self.policy != "replay"
+        if grounded and request.constraint is not None:
+            text = request.constraint.lead + _pick(text, request.constraint)
+        elif grounded and not text.startswith(" "):
             text = " " + text  # what a model writes after the prompt's final ">"
         text, _ = truncate_at_stop(text, request.config.stop)
         prompt = _prompt_text(request)
@@ -198,7 +224,8 @@ class ScriptedBackend:
                 return "SUCCESS: the actions match the walkthrough."
             return "FAILURE: the actions do not match the walkthrough."
         if self.policy == "random":
-            return random_action(side, request.config.seed)
+            actions = request.constraint.actions if request.constraint is not None else None
+            return random_action(side, request.config.seed, actions or None)
         if self.policy == "learner" and MEMORY_MARKER not in _prompt_text(request):
             return LEARNER_REPEAT
         return expert_action(side)

@@ -21,7 +21,9 @@ is the request's own: raised as it is, never failed over. A failover is logged o
 ``retries`` (so the run store records it as a retry) and noted in ``Completion.sent``
 (``server``, ``failed_over_from``). When no server is left,
 :class:`~agents.llm.base.BackendError` is raised and the runner records the episodes as errored
-(``--resume`` plays them again). Every other option is passed to each server's OpenAIBackend.
+(``--resume`` plays them again). Every other option is passed to each server's OpenAIBackend,
+``grammar_dialect`` included: a request's ``constraint`` goes to its server unchanged, and the
+server enforces it (a ``vllm:`` spec defaults to vLLM's structured outputs).
 """
 
 from __future__ import annotations
@@ -149,6 +151,15 @@ class ShardedBackend:
             "down_for_s": self.down_for_s,
             "servers": [s.describe() for s in self._patient],
         }
+
+    @property
+    def grounding(self) -> str | None:
+        """How the servers enforce an ActionConstraint (they share every option)."""
+        return self._patient[0].grounding
+
+    @property
+    def grounding_missing(self) -> str:
+        return self._patient[0].grounding_missing
 
     def stats(self) -> dict[str, Any]:
         """Requests answered per server, failovers away from each, and outages seen."""

