@@ -37,13 +37,14 @@ GGUF's chat template (or, without one, as ``User:``/``Assistant:`` lines), and
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -190,6 +191,26 @@ def route(
     return [chosen[i] for i in range(len(prompts))]
 
 
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Silence what llama.cpp's C code prints to file descriptor 2 while a model loads (its
+    cache notes bypass ``verbose=False``); Python's own errors still raise as usual."""
+    try:
+        saved = os.dup(2)
+    except OSError:  # no usable stderr: nothing to silence
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            try:
+                yield
+            finally:
+                os.dup2(saved, 2)
+    finally:
+        os.close(saved)
+
+
 class LlamaCppBackend:
     """A GGUF model run by llama.cpp in this process. See the module docstring."""
 
@@ -254,7 +275,8 @@ class LlamaCppBackend:
         if self.n_threads_batch is not None:
             kwargs["n_threads_batch"] = self.n_threads_batch
         try:
-            llm = self._llama_cpp.Llama(**kwargs)
+            with _quiet_stderr():
+                llm = self._llama_cpp.Llama(**kwargs)
         except ValueError as exc:
             raise SpecError(f"llamacpp: cannot load {self.model_path}: {exc}") from None
         return _Slot(llm)
