@@ -202,3 +202,36 @@ def test_reflection_ends_where_the_model_starts_writing_transcript():
     assert truncate_at_stop(text, REFLECTION_STOPS)[0] == text.split("\n")[0]
     plan = "I looked in the wrong place.\nNext time I will go to desk 1 first.\n\nYou are in"
     assert truncate_at_stop(plan, REFLECTION_STOPS)[0] == plan.split("\n\n")[0]
+
+
+def _react_outputs(run_dir: Path) -> dict[int, list[list[str]]]:
+    store = RunStore(run_dir, readonly=True)
+    try:
+        out: dict[int, list[list[str]]] = {}
+        for e in store.episodes():
+            out.setdefault(e.trial, []).append([s.raw_output for s in store.steps(e.episode_id)])
+        seeds = {(e.trial, e.seed) for e in store.episodes()}
+        assert all(seed is not None for _, seed in seeds)
+        assert len(seeds) == len(store.episodes())  # a seed of its own per episode
+        return out
+    finally:
+        store.close()
+
+
+@pytest.mark.slow
+def test_the_resampling_baseline_resamples_and_a_seed_replays_it(generated_games, tmp_path):
+    """`react` at temperature 0.8: trial 1 samples differently from trial 0 (its own seed,
+    derived from run seed, game and trial); the same seed gives the same run."""
+
+    def go(name: str) -> Path:
+        return run(
+            config(
+                generated_games, tmp_path / name, model="embedded", agent="react", trials=2,
+                games=2, max_steps=4, temperature=0.8, max_tokens=16, workers=1, concurrency=1,
+                seed=11,
+            )
+        )  # fmt: skip
+
+    first, again = _react_outputs(go("a")), _react_outputs(go("b"))
+    assert first == again
+    assert first[0] != first[1]
