@@ -79,6 +79,9 @@ def test_walkthroughs_win_every_game(data: Path, split: str) -> None:
             if (reward == 1.0, terminated, info["won"]) != (last, last, last) or truncated:
                 failures.append(f"{game_id} step {i} {action!r}: {obs[:80]!r} r={reward}")
                 break
+        # every text came from the fast path (tests/test_fast_text.py: it is TextWorld's text)
+        if env.unwrapped.text_stats()["fallbacks"]:  # type: ignore[attr-defined]
+            failures.append(f"{game_id}: some text was left to TextWorld's grammar")
     env.close()
     assert not failures, "\n".join(failures[:10])
 

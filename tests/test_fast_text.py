@@ -46,7 +46,7 @@ class Walk:
 @dataclass(frozen=True)
 class Outcome:
     game: str
-    compared: int  # steps and resets found identical
+    compared: int  # steps found identical (every reset before them was too)
     mismatch: str | None
     fallbacks: int  # derivations the fast env left to TextWorld's grammar
     parses_checked: int
