@@ -11,12 +11,23 @@ import os
 import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from envs.alfgen import UNSEEN_EVAL_SCENES, generate
-from envs.alfgen.generator import scenes_for
+from envs.alfgen.generator import GameMaker, scenes_for, stream
+from envs.alfgen.pddl import mangle, render_problem
+from envs.alfgen.scenes import FLOOR_OBJECTS, load_scene
+from envs.alfgen.stats import (
+    distances,
+    game_facts,
+    summarize,
+    train_reference,
+    train_scene_receptacles,
+)
+from envs.alfgen.tasks import NoTask, controls_for, sample_task
 from envs.alfworld_env import ALFWorldEnv
 from envs.discovery import SPLITS, TASK_TYPES
 from envs.errors import EnvError
@@ -186,6 +197,64 @@ def test_splits_keep_ood_rooms_apart():
         assert train and ood, task_type
         assert not train & set(UNSEEN_EVAL_SCENES)
         assert ood <= set(UNSEEN_EVAL_SCENES)
+
+
+# -- 6. drawn from ALFWorld's train split ----------------------------------------------------------
+def test_train_rooms_have_the_train_splits_receptacles():
+    for number, wanted in sorted(train_scene_receptacles().items()):
+        scene = load_scene(number)
+        assert scene.complete
+        assert dict(Counter(r.rtype for r in scene.receptacles)) == wanted, number
+        assert len({r.rid for r in scene.receptacles}) == len(scene.receptacles)
+    # The layouts list the cabinets with doors; the train games' extra ones are doorless.
+    kitchen = load_scene(17)
+    cabinets = kitchen.of_type("Cabinet")
+    assert len(cabinets) == 20 and 0 < sum(r.openable for r in cabinets) < 20
+    assert not load_scene(UNSEEN_EVAL_SCENES[0]).complete
+
+
+def test_fixed_objects_stay_put_and_floor_objects_lie_on_the_floor():
+    scene = load_scene(301)  # a bedroom with a desk lamp, a basketball and a baseball bat
+    lamp = scene.fixture("DeskLamp")
+    assert lamp is not None and len(lamp.receptacles) == 1
+    floor = [p for p in scene.fixed if p.otype in FLOOR_OBJECTS]
+    assert {p.otype for p in floor} >= {"BasketBall", "BaseballBat"}
+    controls = controls_for(0, "look_at_obj_in_light", 0)
+    tasks = []
+    for k in range(2):
+        rng = stream(k, "look_at_obj_in_light", 0, 0)
+        tasks.append(sample_task(scene, "look_at_obj_in_light", rng, controls))
+    for task in tasks:
+        assert lamp in task.objects  # same id, same receptacle in every game of the room
+        problem = render_problem(task, "t")
+        for p in floor:
+            assert f"(inReceptacle {mangle(p.oid)} " not in problem
+            assert f"(objectAtLocation {mangle(p.oid)} " in problem
+    assert tasks[0].objects != tasks[1].objects
+
+
+def test_drawn_tasks_follow_the_train_split():
+    """30 draws per type, before planning: every figure but walkthroughs within 0.1 of train."""
+    facts = []
+    with GameMaker("train") as maker:
+        for task_type in TASK_TYPES:
+            for index in range(30):
+                for attempt in range(10):
+                    try:
+                        task = maker.draw(task_type, SEED, index, attempt)
+                        break
+                    except NoTask:
+                        continue
+                problem = render_problem(task, "t")
+                facts.append(game_facts(task.folder_name, problem, 0))
+    stats = summarize(facts)
+    assert stats.combos_in_train == 1.0
+    far = {
+        k: round(v, 3)
+        for k, v in distances(stats, train_reference()).items()
+        if v > 0.1 and not k.startswith("walkthrough")
+    }
+    assert not far
 
 
 # -- 5. bad arguments: one-line EnvError, CLI exit code 2 -------------------------------------

@@ -58,9 +58,10 @@ DISTRACTOR_COUNTS = (1, 1, 2, 2, 3, 3)
 ON_TWO = 0.4
 REDRAW_SCENE_AFTER = 1  # attempts that keep the stratified room; later ones redraw all
 REDRAW_ALL_AFTER = 10
-# One irrational step per control (fractional parts of square roots of primes): a Kronecker
-# sequence per control, each with bounded gaps.
-_STEPS = tuple(math.sqrt(p) % 1.0 for p in (2, 3, 5, 7, 11))
+# One irrational step per control (room, scene, copies, closed, goal): the fractional parts of
+# square roots, whose continued fractions have small terms, so that any 30 consecutive games
+# miss a share by under two games.
+_STEPS = tuple(math.sqrt(p) % 1.0 for p in (5, 7, 2, 3, 13))
 
 
 class NoTask(Exception):
@@ -76,14 +77,17 @@ class Controls:
     copies: float
     closed: float
     goal: float
+    strict: bool = True  # a room that cannot meet the shares fails the draw (else: relaxed)
 
     def redrawn(self, rng: random.Random, attempt: int) -> Controls:
-        """The controls of a later attempt: the room first, then everything, drawn afresh."""
+        """The controls of a later attempt: another room of the same type first, then everything
+        drawn afresh (and the shares relaxed where a room cannot meet them)."""
         if attempt < REDRAW_SCENE_AFTER:
             return self
         if attempt < REDRAW_ALL_AFTER:
             return Controls(self.room, rng.random(), self.copies, self.closed, self.goal)
-        return Controls(rng.random(), rng.random(), rng.random(), rng.random(), rng.random())
+        room, scene, copies, closed, goal = (rng.random() for _ in range(5))
+        return Controls(room, scene, copies, closed, goal, strict=False)
 
 
 def controls_for(seed: int, task_type: str, index: int) -> Controls:
@@ -165,7 +169,8 @@ def pick_scene(pool: Sequence[Scene], task_type: str, controls: Controls) -> Sce
     """A room of ``pool``: its type by the train split's shares for ``task_type`` (among the types
     ``pool`` has; evenly if it has none of them), then one of that type's rooms."""
     rooms: dict[str, list[Scene]] = {}
-    for scene in sorted(pool, key=lambda s: s.number):
+    # Ordered by size, so that evenly spread controls spread the games over small and large rooms.
+    for scene in sorted(pool, key=lambda s: (len(s.receptacles), s.number)):
         rooms.setdefault(room_type(scene.number), []).append(scene)
     shares = train_figure("room_by_task_type", task_type)
     weights = [(r, shares.get(r, 0.0)) for r in ROOM_TYPES if r in rooms and shares.get(r)]
@@ -185,10 +190,11 @@ def sample_task(scene: Scene, task_type: str, rng: random.Random, controls: Cont
     copies = int(inverse_cdf(_copies(task_type), controls.copies))
     closed = controls.closed < train_share("share_target_behind_closed_door", task_type)
     in_goal = controls.goal < train_share("share_target_starts_in_goal_receptacle_type", task_type)
-    # The train shares win over the combination's weight; a room that cannot meet them for any
-    # combination gives up the closed door first, then the goal-type start.
+    # The train shares win over the combination's weight. A room that cannot meet them for any
+    # combination fails a strict draw (the next attempt tries another room of the type); late
+    # attempts give up the closed door first, then the goal-type start.
     tries = ((in_goal, closed), (in_goal, not closed), (not in_goal, closed), (False, False))
-    for want in tries:
+    for want in tries[: None if not controls.strict else 1]:
         options = [
             (obj, recep, n)
             for obj, recep, n in combos(task_type)
