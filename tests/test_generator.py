@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from envs.alfgen import UNSEEN_EVAL_SCENES, generate
-from envs.alfgen.generator import GameMaker, scenes_for, stream
+from envs.alfgen.generator import MAX_ATTEMPTS, GameMaker, scenes_for, stream
 from envs.alfgen.pddl import mangle, render_problem
 from envs.alfgen.scenes import FLOOR_OBJECTS, load_scene
 from envs.alfgen.stats import (
@@ -82,7 +82,11 @@ def test_all_six_types_in_alfworld_layout_and_won_by_walkthrough(games):
         kinds.add(task_type)
     assert kinds == set(TASK_TYPES)
 
-    env = ALFWorldEnv(data_dir=root, split="train", max_steps=50)
+    assert_walkthroughs_win(root, "train")
+
+
+def assert_walkthroughs_win(root: Path, split: str) -> None:
+    env = ALFWorldEnv(data_dir=root, split=split, max_steps=50)
     assert len(env.game_ids) == 6
     for game_id in env.game_ids:
         obs, info = env.reset(options={"game": game_id})
@@ -93,6 +97,15 @@ def test_all_six_types_in_alfworld_layout_and_won_by_walkthrough(games):
             obs, reward, terminated, truncated, info = env.step(command)
         assert info["won"] and terminated and reward == 1.0, game_id
     env.close()
+
+
+def test_ood_games_are_in_the_unseen_rooms_and_won_by_walkthrough(generated_games):
+    env = ALFWorldEnv(data_dir=generated_games, split="eval_out_of_distribution")
+    ids = env.game_ids
+    env.close()
+    assert {game_id.split("/")[2].split("-")[0] for game_id in ids} == set(TASK_TYPES)
+    assert {int(game_id.split("/")[2].split("-")[-1]) for game_id in ids} <= set(UNSEEN_EVAL_SCENES)
+    assert_walkthroughs_win(generated_games, "eval_out_of_distribution")
 
 
 # -- 2. determinism ------------------------------------------------------------------------------
@@ -239,12 +252,14 @@ def test_drawn_tasks_follow_the_train_split():
     with GameMaker("train") as maker:
         for task_type in TASK_TYPES:
             for index in range(30):
-                for attempt in range(10):
+                for attempt in range(MAX_ATTEMPTS):
                     try:
                         task = maker.draw(task_type, SEED, index, attempt)
                         break
                     except NoTask:
                         continue
+                else:
+                    pytest.fail(f"no {task_type} task #{index} in {MAX_ATTEMPTS} draws")
                 problem = render_problem(task, "t")
                 facts.append(game_facts(task.folder_name, problem, 0))
     stats = summarize(facts)
