@@ -67,8 +67,8 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--per-type", type=int, default=30)
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workers", type=int, default=1, help="processes (one task type each)")
+    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--split", default="train")
     ap.add_argument("--task-types", nargs="+", default=None, help="subset, e.g. put clean")
     ap.add_argument("--out", default=None, help="keep the games here (default: a temp dir)")
