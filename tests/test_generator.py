@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from envs.alfgen import UNSEEN_EVAL_SCENES, generate
-from envs.alfgen.generator import MAX_ATTEMPTS, GameMaker, scenes_for, stream
+from envs.alfgen.generator import GameMaker, scenes_for, stream
 from envs.alfgen.pddl import mangle, render_problem
 from envs.alfgen.scenes import FLOOR_OBJECTS, load_scene
 from envs.alfgen.stats import (
@@ -27,7 +27,7 @@ from envs.alfgen.stats import (
     train_reference,
     train_scene_receptacles,
 )
-from envs.alfgen.tasks import NoTask, controls_for, sample_task
+from envs.alfgen.tasks import controls_for, sample_task, shortest_plan
 from envs.alfworld_env import ALFWorldEnv
 from envs.discovery import SPLITS, TASK_TYPES
 from envs.errors import EnvError
@@ -247,29 +247,29 @@ def test_fixed_objects_stay_put_and_floor_objects_lie_on_the_floor():
 
 
 def test_drawn_tasks_follow_the_train_split():
-    """30 draws per type, before planning: every figure but walkthroughs within 0.1 of train."""
+    """30 games per type, before planning: every figure within 0.1 of the train split's (the
+    walkthrough lengths as :func:`shortest_plan` counts them; the next test checks it)."""
     facts = []
     with GameMaker("train") as maker:
         for task_type in TASK_TYPES:
             for index in range(30):
-                for attempt in range(MAX_ATTEMPTS):
-                    try:
-                        task = maker.draw(task_type, SEED, index, attempt)
-                        break
-                    except NoTask:
-                        continue
-                else:
-                    pytest.fail(f"no {task_type} task #{index} in {MAX_ATTEMPTS} draws")
+                _, task, _ = next(maker.drafts(task_type, SEED, index))
                 problem = render_problem(task, "t")
-                facts.append(game_facts(task.folder_name, problem, 0))
+                facts.append(game_facts(task.folder_name, problem, shortest_plan(task)))
     stats = summarize(facts)
     assert stats.combos_in_train == 1.0
-    far = {
-        k: round(v, 3)
-        for k, v in distances(stats, train_reference()).items()
-        if v > 0.1 and not k.startswith("walkthrough")
-    }
+    far = {k: round(v, 3) for k, v in distances(stats, train_reference()).items() if v > 0.1}
     assert not far
+
+
+def test_shortest_plan_is_the_planners_walkthrough_length():
+    with GameMaker("train") as maker:
+        for task_type in TASK_TYPES:
+            for index in range(2):
+                _, task, length = next(maker.drafts(task_type, SEED + 5, index))
+                walkthrough = maker.planner().plan(render_problem(task, "t", planning=True))
+                assert len(walkthrough) == shortest_plan(task), (task.folder_name, walkthrough)
+                assert length in (0, len(walkthrough))
 
 
 # -- 5. bad arguments: one-line EnvError, CLI exit code 2 -------------------------------------

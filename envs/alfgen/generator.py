@@ -1,9 +1,10 @@
 """``generate()``: new ALFWorld games, each planned, replayed to a win, then written.
 
 Per game: the (seed, task type, index) point of a low-discrepancy sequence picks the room type,
-the target's copies and whether it starts behind a closed door or in a goal-type receptacle (see
-:mod:`envs.alfgen.tasks`), and a ``random.Random`` stream derived from (seed, task type, index,
-attempt) draws the rest; fast-downward (TextWorld's ``PddlState.replan``) plans it on the goal's
+the target's copies, whether it starts behind a closed door or in a goal-type receptacle, and
+the walkthrough length (see :mod:`envs.alfgen.tasks`); a ``random.Random`` stream derived from
+(seed, task type, index, attempt) draws the rest, and draws whose shortest plan has another
+length are redrawn before planning; fast-downward (TextWorld's ``PddlState.replan``) plans it on the goal's
 projection of the problem (see :func:`envs.alfgen.pddl.render_problem`: seconds instead of up to a
 minute per kitchen); the plan, as ALFWorld 0.4 commands, is played through
 :class:`envs.alfworld_env.ALFWorldEnv` on the finished, full game files and must end in ``won``. A draw that fails any step is replaced by the next attempt's draw.
@@ -29,7 +30,15 @@ from typing import Any
 from envs.alfgen import pddl
 from envs.alfgen.scenes import UNSEEN_EVAL_SCENES, Scene, available_scenes, load_scene
 from envs.alfgen.stats import train_scene_receptacles
-from envs.alfgen.tasks import NoTask, Task, controls_for, pick_scene, sample_task, scene_fits
+from envs.alfgen.tasks import (
+    NoTask,
+    Task,
+    controls_for,
+    pick_scene,
+    sample_task,
+    scene_fits,
+    shortest_plan,
+)
 from envs.discovery import SPLITS, normalize_task_types
 from envs.errors import EnvError
 
@@ -152,13 +161,9 @@ class GameMaker:
 
     def make(self, task_type: str, seed: int, index: int) -> GameFiles:
         trial = trial_name(seed, index)
-        for attempt in range(MAX_ATTEMPTS):
-            try:
-                task = self.draw(task_type, seed, index, attempt)
-            except NoTask:
-                continue
+        for attempt, task, length in self.drafts(task_type, seed, index):
             walkthrough = self.planner().plan(pddl.render_problem(task, trial, planning=True))
-            if not walkthrough:
+            if not walkthrough or (length and len(walkthrough) != length):
                 continue
             files = self._build(task, trial, walkthrough, seed, index, attempt)
             if self._replay_wins(files):
@@ -167,13 +172,20 @@ class GameMaker:
             f"could not make a winnable {task_type} game #{index} for seed {seed} in {MAX_ATTEMPTS} draws"
         )
 
-    def draw(self, task_type: str, seed: int, index: int, attempt: int) -> Task:
-        """Attempt ``attempt`` at game ``index``'s task (not yet planned); :class:`NoTask` if the
-        draw fails."""
-        rng = stream(seed, task_type, index, attempt)
-        controls = controls_for(seed, task_type, index).redrawn(rng, attempt)
-        scene = pick_scene(self.pool(task_type), task_type, controls)
-        return sample_task(scene, task_type, rng, controls)
+    def drafts(self, task_type: str, seed: int, index: int) -> Iterator[tuple[int, Task, int]]:
+        """Game ``index``'s draws, not yet planned, whose shortest plan has the walkthrough length
+        the game draws: ``(attempt, task, length)`` (length 0: any)."""
+        for attempt in range(MAX_ATTEMPTS):
+            rng = stream(seed, task_type, index, attempt)
+            controls = controls_for(seed, task_type, index).redrawn(rng, attempt)
+            scene = pick_scene(self.pool(task_type), task_type, controls)
+            try:
+                task = sample_task(scene, task_type, rng, controls)
+            except NoTask:
+                continue
+            if controls.length and shortest_plan(task) != controls.length:
+                continue  # not the length this game draws: redraw before planning
+            yield attempt, task, controls.length
 
     def pool(self, task_type: str) -> list[Scene]:
         """The rooms this split's games of ``task_type`` are drawn from."""
