@@ -20,9 +20,9 @@ Every choice follows the train split's statistics (``train_stats.json``):
   before the planner runs.
 
 The room, the copies and the two shares are read off :class:`Controls`: for game ``i`` of a type,
-a low-discrepancy (Kronecker) point, so that any run of games already follows the train
-distributions closely (30 games per type, not thousands), while game ``i`` stays independent of
-how many games are made. Task sentences are ALFWorld's templates (``alfworld.gen.goal_library``)
+a low-discrepancy (Kronecker) point, and its length is herded (:func:`lengths_for`), so that any
+run of games already follows the train distributions closely (30 games per type, not
+thousands), while game ``i`` stays independent of how many games are made. Task sentences are ALFWorld's templates (``alfworld.gen.goal_library``)
 with a final full stop, as in its games.
 """
 
@@ -174,10 +174,9 @@ def length_fits(task_type: str, length: int, want: Wanted) -> bool:
     goal-type receptacle goes back there without one, only a copy in a second goal-type
     receptacle (a mug in a coffee machine on the goal counter) saves the trip back."""
     base = NO_DOOR_LENGTH[task_type]
-    hidden = want.closed and want.copies <= (2 if task_type == "pick_two_obj_and_place" else 1)
     if length <= base:
         shortcut = task_type in DEVICE and length < base
-        return not hidden and (want.in_goal or not shortcut)
+        return not _hidden(task_type, want) and (want.in_goal or not shortcut)
     if length == base + 1:
         return not (task_type in DEVICE and want.in_goal and not want.closed)
     return want.closed and not want.in_goal  # two doors: the target's and the goal's
