@@ -32,6 +32,13 @@ def _games_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _games_stats(args: argparse.Namespace) -> int:
+    from envs.alfgen.stats import stats_report
+
+    print(stats_report(args.dir))
+    return 0
+
+
 def _run(args: argparse.Namespace) -> int:
     from experiments import matrix
     from experiments.config import resolve
@@ -252,6 +259,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="split folder to write (train, eval_in_distribution, eval_out_of_distribution)",
     )
     gen.set_defaults(handler=_games_generate)
+    st = games.add_parser(
+        "stats", help="what an agent faces in a folder of games, beside ALFWorld's train split"
+    )
+    st.add_argument("dir", help="a folder of ALFWorld games, real or generated (searched in depth)")
+    st.set_defaults(handler=_games_stats)
     return parser
 
 

@@ -11,12 +11,23 @@ import os
 import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from envs.alfgen import UNSEEN_EVAL_SCENES, generate
-from envs.alfgen.generator import scenes_for
+from envs.alfgen.generator import GameMaker, scenes_for, stream
+from envs.alfgen.pddl import mangle, render_problem
+from envs.alfgen.scenes import FLOOR_OBJECTS, load_scene
+from envs.alfgen.stats import (
+    distances,
+    game_facts,
+    summarize,
+    train_reference,
+    train_scene_receptacles,
+)
+from envs.alfgen.tasks import controls_for, sample_task, shortest_plan
 from envs.alfworld_env import ALFWorldEnv
 from envs.discovery import SPLITS, TASK_TYPES
 from envs.errors import EnvError
@@ -71,7 +82,11 @@ def test_all_six_types_in_alfworld_layout_and_won_by_walkthrough(games):
         kinds.add(task_type)
     assert kinds == set(TASK_TYPES)
 
-    env = ALFWorldEnv(data_dir=root, split="train", max_steps=50)
+    assert_walkthroughs_win(root, "train")
+
+
+def assert_walkthroughs_win(root: Path, split: str) -> None:
+    env = ALFWorldEnv(data_dir=root, split=split, max_steps=50)
     assert len(env.game_ids) == 6
     for game_id in env.game_ids:
         obs, info = env.reset(options={"game": game_id})
@@ -82,6 +97,15 @@ def test_all_six_types_in_alfworld_layout_and_won_by_walkthrough(games):
             obs, reward, terminated, truncated, info = env.step(command)
         assert info["won"] and terminated and reward == 1.0, game_id
     env.close()
+
+
+def test_ood_games_are_in_the_unseen_rooms_and_won_by_walkthrough(generated_games):
+    env = ALFWorldEnv(data_dir=generated_games, split="eval_out_of_distribution")
+    ids = env.game_ids
+    env.close()
+    assert {game_id.split("/")[2].split("-")[0] for game_id in ids} == set(TASK_TYPES)
+    assert {int(game_id.split("/")[2].split("-")[-1]) for game_id in ids} <= set(UNSEEN_EVAL_SCENES)
+    assert_walkthroughs_win(generated_games, "eval_out_of_distribution")
 
 
 # -- 2. determinism ------------------------------------------------------------------------------
@@ -186,6 +210,66 @@ def test_splits_keep_ood_rooms_apart():
         assert train and ood, task_type
         assert not train & set(UNSEEN_EVAL_SCENES)
         assert ood <= set(UNSEEN_EVAL_SCENES)
+
+
+# -- 6. drawn from ALFWorld's train split ----------------------------------------------------------
+def test_train_rooms_have_the_train_splits_receptacles():
+    for number, wanted in sorted(train_scene_receptacles().items()):
+        scene = load_scene(number)
+        assert scene.complete
+        assert dict(Counter(r.rtype for r in scene.receptacles)) == wanted, number
+        assert len({r.rid for r in scene.receptacles}) == len(scene.receptacles)
+    # The layouts list the cabinets with doors; the train games' extra ones are doorless.
+    kitchen = load_scene(17)
+    cabinets = kitchen.of_type("Cabinet")
+    assert len(cabinets) == 20 and 0 < sum(r.openable for r in cabinets) < 20
+    assert not load_scene(UNSEEN_EVAL_SCENES[0]).complete
+
+
+def test_fixed_objects_stay_put_and_floor_objects_lie_on_the_floor():
+    scene = load_scene(301)  # a bedroom with a desk lamp, a basketball and a baseball bat
+    lamp = scene.fixture("DeskLamp")
+    assert lamp is not None and len(lamp.receptacles) == 1
+    floor = [p for p in scene.fixed if p.otype in FLOOR_OBJECTS]
+    assert {p.otype for p in floor} >= {"BasketBall", "BaseballBat"}
+    controls = controls_for(0, "look_at_obj_in_light", 0)
+    tasks = []
+    for k in range(2):
+        rng = stream(k, "look_at_obj_in_light", 0, 0)
+        tasks.append(sample_task(scene, "look_at_obj_in_light", rng, controls))
+    for task in tasks:
+        assert lamp in task.objects  # same id, same receptacle in every game of the room
+        problem = render_problem(task, "t")
+        for p in floor:
+            assert f"(inReceptacle {mangle(p.oid)} " not in problem
+            assert f"(objectAtLocation {mangle(p.oid)} " in problem
+    assert tasks[0].objects != tasks[1].objects
+
+
+def test_drawn_tasks_follow_the_train_split():
+    """30 games per type, before planning: every figure within 0.1 of the train split's (the
+    walkthrough lengths as :func:`shortest_plan` counts them; the next test checks it)."""
+    facts = []
+    with GameMaker("train") as maker:
+        for task_type in TASK_TYPES:
+            for index in range(30):
+                _, task, _ = next(maker.drafts(task_type, SEED, index))
+                problem = render_problem(task, "t")
+                facts.append(game_facts(task.folder_name, problem, shortest_plan(task)))
+    stats = summarize(facts)
+    assert stats.combos_in_train == 1.0
+    far = {k: round(v, 3) for k, v in distances(stats, train_reference()).items() if v > 0.1}
+    assert not far
+
+
+def test_shortest_plan_is_the_planners_walkthrough_length():
+    with GameMaker("train") as maker:
+        for task_type in TASK_TYPES:
+            for index in range(2):
+                _, task, length = next(maker.drafts(task_type, SEED + 5, index))
+                walkthrough = maker.planner().plan(render_problem(task, "t", planning=True))
+                assert len(walkthrough) == shortest_plan(task), (task.folder_name, walkthrough)
+                assert length in (0, len(walkthrough))
 
 
 # -- 5. bad arguments: one-line EnvError, CLI exit code 2 -------------------------------------

@@ -1,7 +1,10 @@
 """``generate()``: new ALFWorld games, each planned, replayed to a win, then written.
 
-Per game: a ``random.Random`` stream derived from (seed, task type, index, attempt) picks a room
-and samples a task; fast-downward (TextWorld's ``PddlState.replan``) plans it on the goal's
+Per game: the (seed, task type, index) point of a low-discrepancy sequence picks the room type,
+the target's copies, whether it starts behind a closed door or in a goal-type receptacle, and
+the walkthrough length (see :mod:`envs.alfgen.tasks`); a ``random.Random`` stream derived from
+(seed, task type, index, attempt) draws the rest, and draws whose shortest plan has another
+length are redrawn before planning; fast-downward (TextWorld's ``PddlState.replan``) plans it on the goal's
 projection of the problem (see :func:`envs.alfgen.pddl.render_problem`: seconds instead of up to a
 minute per kitchen); the plan, as ALFWorld 0.4 commands, is played through
 :class:`envs.alfworld_env.ALFWorldEnv` on the finished, full game files and must end in ``won``. A draw that fails any step is replaced by the next attempt's draw.
@@ -25,8 +28,17 @@ from pathlib import Path
 from typing import Any
 
 from envs.alfgen import pddl
-from envs.alfgen.scenes import UNSEEN_EVAL_SCENES, available_scenes, load_scene
-from envs.alfgen.tasks import NoTask, Task, sample_task, scene_fits
+from envs.alfgen.scenes import UNSEEN_EVAL_SCENES, Scene, available_scenes, load_scene
+from envs.alfgen.stats import train_scene_receptacles
+from envs.alfgen.tasks import (
+    NoTask,
+    Task,
+    controls_for,
+    pick_scene,
+    sample_task,
+    scene_fits,
+    shortest_plan,
+)
 from envs.discovery import SPLITS, normalize_task_types
 from envs.errors import EnvError
 
@@ -114,9 +126,14 @@ def trial_name(seed: int, index: int) -> str:
 
 
 def scenes_for(split: str, task_type: str) -> list[int]:
-    """Rooms a split may use: the OOD split only ALFRED's unseen rooms, the others all but those."""
+    """Rooms a split may use: the OOD split only ALFRED's unseen rooms, the others the rooms of
+    ALFWorld's train split (never the unseen ones); only those that can host ``task_type``."""
     unseen = set(UNSEEN_EVAL_SCENES)
-    pool = [n for n in available_scenes() if (n in unseen) == (split == "eval_out_of_distribution")]
+    if split == "eval_out_of_distribution":
+        pool = [n for n in available_scenes() if n in unseen]
+    else:
+        train = train_scene_receptacles()
+        pool = [n for n in available_scenes() if n in train and n not in unseen]
     return [n for n in pool if scene_fits(load_scene(n), task_type)]
 
 
@@ -130,6 +147,7 @@ class GameMaker:
         self._planner: _Planner | None = None
         self._stage: tempfile.TemporaryDirectory[str] | None = None
         self._guard = contextlib.ExitStack()
+        self._pools: dict[str, list[Scene]] = {}
 
     def __enter__(self) -> GameMaker:
         self._guard.enter_context(_third_party_side_effects())
@@ -142,19 +160,10 @@ class GameMaker:
         self._stage = None
 
     def make(self, task_type: str, seed: int, index: int) -> GameFiles:
-        pool = scenes_for(self.split, task_type)
-        if not pool:
-            raise EnvError(f"no ALFRED room can host {task_type} in split {self.split!r}")
         trial = trial_name(seed, index)
-        for attempt in range(MAX_ATTEMPTS):
-            rng = stream(seed, task_type, index, attempt)
-            scene = load_scene(rng.choice(pool))
-            try:
-                task = sample_task(scene, task_type, rng)
-            except NoTask:
-                continue
+        for attempt, task, length in self.drafts(task_type, seed, index):
             walkthrough = self.planner().plan(pddl.render_problem(task, trial, planning=True))
-            if not walkthrough:
+            if not walkthrough or (length and len(walkthrough) != length):
                 continue
             files = self._build(task, trial, walkthrough, seed, index, attempt)
             if self._replay_wins(files):
@@ -162,6 +171,30 @@ class GameMaker:
         raise EnvError(
             f"could not make a winnable {task_type} game #{index} for seed {seed} in {MAX_ATTEMPTS} draws"
         )
+
+    def drafts(self, task_type: str, seed: int, index: int) -> Iterator[tuple[int, Task, int]]:
+        """Game ``index``'s draws, not yet planned, whose shortest plan has the walkthrough length
+        the game draws: ``(attempt, task, length)`` (length 0: any)."""
+        for attempt in range(MAX_ATTEMPTS):
+            rng = stream(seed, task_type, index, attempt)
+            controls = controls_for(seed, task_type, index).redrawn(rng, attempt)
+            scene = pick_scene(self.pool(task_type), task_type, controls)
+            try:
+                task = sample_task(scene, task_type, rng, controls)
+            except NoTask:
+                continue
+            if controls.length and shortest_plan(task) != controls.length:
+                continue  # not the length this game draws: redraw before planning
+            yield attempt, task, controls.length
+
+    def pool(self, task_type: str) -> list[Scene]:
+        """The rooms this split's games of ``task_type`` are drawn from."""
+        if task_type not in self._pools:
+            numbers = scenes_for(self.split, task_type)
+            if not numbers:
+                raise EnvError(f"no ALFRED room can host {task_type} in split {self.split!r}")
+            self._pools[task_type] = [load_scene(n) for n in numbers]
+        return self._pools[task_type]
 
     def planner(self) -> _Planner:
         if self._planner is None:

@@ -17,7 +17,7 @@ import functools
 import json
 import re
 
-from envs.alfgen.scenes import constants
+from envs.alfgen.scenes import NOT_PICKUPABLE, constants
 from envs.alfgen.tasks import LAMP, Task, goal_pddl
 
 _MANGLE = str.maketrans({"-": "_minus_", "|": "_bar_", "+": "_plus_", ".": "_dot_", ",": "_comma_"})
@@ -52,8 +52,7 @@ def render_problem(task: Task, problem_id: str, planning: bool = False) -> str:
     keep = {task.target, LAMP} if planning else None
     objects = [p for p in task.objects if keep is None or p.otype in keep]
     receptacles = sorted(task.scene.receptacles, key=lambda r: r.rid)
-    rlocs: dict[str, tuple[int, int, int, int]] = {r.rid: r.loc for r in receptacles}
-    locations = sorted({r.loc for r in receptacles} | {task.agent_loc})
+    locations = sorted({r.loc for r in receptacles} | {p.loc for p in objects} | {task.agent_loc})
 
     type_objects, type_receps = _type_header()
     decl_types = (
@@ -75,7 +74,7 @@ def render_problem(task: Task, problem_id: str, planning: bool = False) -> str:
         {(r.rtype, t) for r in receptacles for t in present if t in holds.get(r.rtype, ())}
     )
     able = c.VAL_ACTION_OBJECTS
-    pick = [p for p in objects if p.otype != LAMP]
+    pick = [p for p in objects if p.otype not in NOT_PICKUPABLE]
 
     def facts(pred: str, items: list[str]) -> str:
         return IND.join(f"({pred} {x})" for x in items)
@@ -91,7 +90,7 @@ def render_problem(task: Task, problem_id: str, planning: bool = False) -> str:
         ),
         facts(
             "openable",
-            [mangle(r.rid) for r in receptacles if r.rtype in c.OPENABLE_CLASS_SET],
+            [mangle(r.rid) for r in receptacles if r.openable],
         ),
         "",
         f"(atLocation agent1 {loc_name(task.agent_loc)})",
@@ -105,13 +104,14 @@ def render_problem(task: Task, problem_id: str, planning: bool = False) -> str:
         "",
         facts("sliceable", [mangle(p.oid) for p in pick if p.otype in able["Sliceable"]]),
         "",
-        IND.join(f"(inReceptacle {mangle(p.oid)} {mangle(p.receptacle.rid)})" for p in objects),
+        IND.join(
+            f"(inReceptacle {mangle(p.oid)} {mangle(r.rid)})"
+            for p in objects
+            for r in p.receptacles
+        ),
         "",
         IND.join(f"(receptacleAtLocation {mangle(r.rid)} {loc_name(r.loc)})" for r in receptacles),
-        IND.join(
-            f"(objectAtLocation {mangle(p.oid)} {loc_name(rlocs[p.receptacle.rid])})"
-            for p in objects
-        ),
+        IND.join(f"(objectAtLocation {mangle(p.oid)} {loc_name(p.loc)})" for p in objects),
     ]
     init = IND.join(groups)
     return (
