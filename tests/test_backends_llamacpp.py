@@ -69,6 +69,8 @@ def test_route_keeps_each_episode_on_its_own_slot() -> None:
     # more prompts than slots: slots are shared, best prefix first
     assert route([[*a, 1], [*a, 2], [*b, 3]], [a, b], [1, 2], capacity=2) == [0, 0, 1]
     assert common_prefix([1, 2, 3], [1, 2, 4, 5]) == 2
+    # an empty slot (the one made at load) is used before a new one is made
+    assert route([[1, 2], [3, 4]], [[]], [0], capacity=3) == [0, 1]
 
 
 # -- the embedded model in process ---------------------------------------------------------------

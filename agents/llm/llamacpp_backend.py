@@ -158,8 +158,8 @@ def route(
     slots (at most ``capacity`` slots in all).
 
     Pairs are taken best first by common token prefix, each slot serving one prompt of the
-    batch; a prompt that shares nothing with any unclaimed slot gets a new slot while there is
-    room, else the unclaimed (or, if none, any) slot sharing most with it. Ties go to the least
+    batch; a prompt that shares nothing with any unclaimed slot gets an empty slot (the one made
+    at load), else a new slot while there is room, else the unclaimed (or, if none, any) slot sharing most with it. Ties go to the least
     recently used slot.
     """
     shared = [[common_prefix(p, t) for t in slots] for p in prompts]
@@ -176,8 +176,13 @@ def route(
             chosen[i] = s
             claimed.add(s)
     total = len(slots)
+    empty = [s for s in range(len(slots)) if not slots[s] and s not in claimed]
     for i in range(len(prompts)):
         if i in chosen:
+            continue
+        if empty:  # a slot that holds nothing yet (the first one, before any request)
+            chosen[i] = empty.pop(0)
+            claimed.add(chosen[i])
             continue
         if total < capacity:
             chosen[i] = total
