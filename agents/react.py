@@ -111,26 +111,30 @@ class ReActAgent:
             end = self.check_end(steps, truncated)
             if end is not None:
                 return end
-            request = actor_request(
-                self.settings, spec.prefix, observation, steps, state,
-                game=spec.game, trial=spec.trial, seed=spec.seed,
-            )  # fmt: skip
-            completion = await ctx.generate(request)
-            parsed = self.parse(completion.text, state.admissible)
-            if parsed.kind == StepKind.ACT:
-                admissible = parsed.action in state.admissible
-                state = await ctx.step(parsed.action)
-                step = make_step(
-                    len(steps), parsed, completion, state.observation, admissible, state
-                )
-                truncated = state.truncated
-            else:
-                thought = parsed.kind == StepKind.THINK
-                obs = THOUGHT_OBSERVATION if thought else NOTHING_HAPPENS
-                step = make_step(len(steps), parsed, completion, obs, thought)
-                truncated = False
+            step, state, truncated = await self.next_step(ctx, observation, steps, state)
             steps.append(step)
             ctx.record(step)
+
+    async def next_step(
+        self, ctx: EpisodeContext, observation: str, steps: Sequence[Step], state: EnvReply
+    ) -> tuple[Step, EnvReply, bool]:
+        """One step: ask the model, parse, and send an action to the env. The step, the state
+        after it, and whether the env truncated the episode."""
+        spec = ctx.spec
+        request = actor_request(
+            self.settings, spec.prefix, observation, steps, state,
+            game=spec.game, trial=spec.trial, seed=spec.seed,
+        )  # fmt: skip
+        completion = await ctx.generate(request)
+        parsed = self.parse(completion.text, state.admissible)
+        if parsed.kind == StepKind.ACT:
+            admissible = parsed.action in state.admissible
+            state = await ctx.step(parsed.action)
+            step = make_step(len(steps), parsed, completion, state.observation, admissible, state)
+            return step, state, state.truncated
+        thought = parsed.kind == StepKind.THINK
+        obs = THOUGHT_OBSERVATION if thought else NOTHING_HAPPENS
+        return make_step(len(steps), parsed, completion, obs, thought), state, False
 
     def parse(self, text: str, admissible: Sequence[str]) -> ParsedAction:
         """The model's text as a step; with ``nearest`` decoding an action that is not admissible
