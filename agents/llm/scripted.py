@@ -22,8 +22,8 @@ the action (`` go to desk 1``); the actor parses the first line.
   :func:`recorded_output` for the queries. A request with nothing recorded is a BackendError.
 - ``scripted:replanner`` executes the latest plan in its transcript (the last ``think: Plan:``
   or ``think: Revised plan ...`` entry of ``side["history"]``: the plan's next action after the
-  actions taken since it; ``look`` past its end). Its first plan goes wrong after one step (the
-  walkthrough's first action, then an action the game refuses, three times); a replan
+  actions taken since it; ``look`` past its end). Its first plan fails: the walkthrough's first
+  action, then an action the game refuses, three times, and nothing more; a replan
   (``side["replan"]``) is the rest of the walkthrough.
 - ``scripted:deadend`` proposes, at the first step, a dead end first (a ``go to`` elsewhere than
   the walkthrough's first action; the majority of ``n`` samples), and the walkthrough action in
@@ -119,7 +119,7 @@ def plan_answer(policy: str, side: Any, walkthrough: list[str] | None) -> str:
     if side.get("replan"):
         return numbered(wt[walkthrough_progress(wt, side.get("history") or []) :])
     if policy == "replanner":
-        return numbered([*wt[:1], REFUSED_ACTION, REFUSED_ACTION, REFUSED_ACTION, *wt[1:]])
+        return numbered([*wt[:1], REFUSED_ACTION, REFUSED_ACTION, REFUSED_ACTION])
     return numbered(wt)
 
 
