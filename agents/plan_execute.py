@@ -119,12 +119,7 @@ class PlanExecuteAgent:
         self.settings = settings
 
     async def play(self, ctx: EpisodeContext) -> EpisodeEnd:
-        spec = ctx.spec
-        state = await ctx.reset(spec.replay_actions())
-        observation = spec.resumed_observation if spec.resumed else state.observation
-        assert observation is not None
-        steps = list(spec.resume_steps)
-        truncated = state.truncated if steps else False
+        state, observation, steps, truncated = await self.actor.start(ctx)
         if not any(is_plan(s) for s in steps):
             step = await self.plan(ctx, observation, steps, state, None)
             steps.append(step)

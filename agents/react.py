@@ -101,12 +101,7 @@ class ReActAgent:
         self.settings = settings
 
     async def play(self, ctx: EpisodeContext) -> EpisodeEnd:
-        spec = ctx.spec
-        state = await ctx.reset(spec.replay_actions())
-        observation = spec.resumed_observation if spec.resumed else state.observation
-        assert observation is not None
-        steps = list(spec.resume_steps)
-        truncated = state.truncated if steps else False
+        state, observation, steps, truncated = await self.start(ctx)
         while True:
             end = self.check_end(steps, truncated)
             if end is not None:
@@ -114,6 +109,16 @@ class ReActAgent:
             step, state, truncated = await self.next_step(ctx, observation, steps, state)
             steps.append(step)
             ctx.record(step)
+
+    async def start(self, ctx: EpisodeContext) -> tuple[EnvReply, str, list[Step], bool]:
+        """Reset (re-simulating a resumed episode's actions): the state, the first observation,
+        the steps so far, and whether the env truncated the episode."""
+        spec = ctx.spec
+        state = await ctx.reset(spec.replay_actions())
+        observation = spec.resumed_observation if spec.resumed else state.observation
+        assert observation is not None
+        steps = list(spec.resume_steps)
+        return state, observation, steps, state.truncated if steps else False
 
     async def next_step(
         self, ctx: EpisodeContext, observation: str, steps: Sequence[Step], state: EnvReply

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gameruns import game_run
 
 from agents.episode import EnvReply
 from agents.llm.base import Completion, Request
@@ -21,18 +22,12 @@ from experiments.runner import run
 from experiments.store import RunStore
 from memory.records import SearchTree, Step, StepKind
 
-SPLIT = "eval_out_of_distribution"
 WT = ["go to cabinet 2", "open cabinet 2", "take bottle 1 from cabinet 2", "go to sinkbasin 1",
       "move bottle 1 to sinkbasin 1"]  # fmt: skip
 
 
-def config(data: Path, tmp: Path, name: str, **kw: object) -> RunConfig:
-    base: dict[str, object] = dict(
-        data=str(data), split=SPLIT, trials=1, workers=2, concurrency=3,
-        run_dir=str(tmp / name), agent="lats",
-    )  # fmt: skip
-    base.update(kw)
-    return RunConfig.of(**base)
+def config(data: Path, tmp: Path, name: str, agent: str = "lats", **kw: object) -> RunConfig:
+    return game_run(data, tmp, name, agent, **kw)
 
 
 def tree_shape(tree: SearchTree) -> list[tuple[Any, ...]]:
@@ -283,3 +278,46 @@ def test_embedded_model_runs_lats_and_plan(
     if agent == "lats":
         tree = store.search_tree(episode.episode_id)
         assert tree is not None and tree.end is not None and len(tree.iterations) <= 2
+
+
+@pytest.mark.parametrize(
+    ("agent", "kw"),
+    [
+        ("lats+reflexion", dict(model="scripted:deadend", lats_value="sc", lats_n=8,
+                                lats_iterations=1, lats_reflections=0)),
+        ("plan+reflexion", dict(model="scripted:replanner", max_replans=0)),
+    ],
+)  # fmt: skip
+def test_memory_arms_carry_reflections_across_trials(
+    generated_games: Path, tmp_path: Path, agent: str, kw: dict[str, Any]
+) -> None:
+    cfg = config(generated_games, tmp_path, "run", agent=agent, trials=2, games=1, **kw)
+    store = RunStore(run(cfg), readonly=True)
+    first, second = store.episodes()
+    assert not first.won and MEMORY_MARKER not in first.prompt_prefix
+    (reflection,) = store.reflections()
+    assert reflection.trial == 0 and reflection.text in second.prompt_prefix
+    plain = config(generated_games, tmp_path, "plain", agent=agent.split("+")[0], trials=2,
+                   games=1, **kw)  # fmt: skip
+    assert RunStore(run(plain), readonly=True).reflections() == []
+
+
+def test_reports_compare_arms_at_equal_compute(tmp_path: Path) -> None:
+    from runfactory import baseline_tasks, make_run, standard_tasks
+
+    from experiments.report import write_report
+
+    a = make_run(tmp_path / "reflexion", standard_tasks())
+    b = make_run(tmp_path / "react", baseline_tasks(), arm="react")
+    out = write_report([a, b], tmp_path / "report")
+    store = RunStore(a, readonly=True)
+    compute = summarize(store)["compute"]
+    acts = sum(1 for e in store.episodes() for s in store.steps(e.episode_id) if s.kind == "act")
+    assert compute["env_steps"] == acts and not compute["replay_steps_included"]
+    points = compute["by_trial"]
+    assert [p["trial"] for p in points] == [0, 1, 2]
+    assert points[-1]["tokens"] == store.progress().tokens  # every call, reflections included
+    assert all(x["env_steps"] <= y["env_steps"] for x, y in zip(points, points[1:], strict=False))
+    md = (out / "report.md").read_text()
+    assert "## Success at equal compute" in md and "env steps / solved" in md
+    assert (out / "compute.png").stat().st_size > 0

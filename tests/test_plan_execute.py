@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gameruns import game_run
+
 from agents.plan_execute import (
     PLAN_PREFIX,
     REPLAN_PREFIX,
@@ -18,16 +20,9 @@ from experiments.runner import run
 from experiments.store import RunStore
 from memory.records import StepKind
 
-SPLIT = "eval_out_of_distribution"
 
-
-def config(data: Path, tmp: Path, name: str, **kw: object) -> RunConfig:
-    base: dict[str, object] = dict(
-        data=str(data), split=SPLIT, trials=1, workers=2, concurrency=3,
-        run_dir=str(tmp / name), agent="plan",
-    )  # fmt: skip
-    base.update(kw)
-    return RunConfig.of(**base)
+def config(data: Path, tmp: Path, name: str, agent: str = "plan", **kw: object) -> RunConfig:
+    return game_run(data, tmp, name, agent, **kw)
 
 
 def test_parse_plan_reads_numbered_and_bulleted_lists() -> None:
