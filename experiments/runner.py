@@ -482,6 +482,8 @@ async def _execute(plan: Plan, progress: Progress) -> Path:
     with _RunLog(run_dir):
         try:
             escalate = extra.get("escalate")
+            if cfg.safeguards.escalate_model == cfg.models.model:
+                escalate = actor  # the same model again: its own client
             loop = TrialLoop(
                 store, engine, agent, trial_plan, on_task_done=task_done,
                 escalation=Escalation(cfg.safeguards.escalate_model, escalate)
@@ -573,7 +575,7 @@ def _extra_clients(cfg: RunConfig) -> dict[str, ModelClient]:
     specs = {"planner": cfg.planning.planner_model, "escalate": cfg.safeguards.escalate_model}
     try:
         for role, spec in specs.items():
-            if spec and (role == "escalate" or spec != cfg.models.model):
+            if spec and spec != cfg.models.model:
                 backend = make_backend(spec, **_backend_options(cfg))
                 out[role] = ModelClient(backend, max_in_flight=cfg.execution.concurrency)
     except BaseException:

@@ -8,7 +8,7 @@ only plans and saves: the agents play, judge and reflect (``agents/``), the engi
 Everything is read back from the run store, so a resumed run picks up exactly where it stopped.
 
 Safeguards (:class:`Safeguards`, all recorded): a task stops being retried when it used up its
-token or wall-time budget (checked after each failed episode; an ``task_budget`` event), or
+token or wall-time budget (checked after each failed episode; a ``task_budget`` event), or
 when its trial-k actions repeat an earlier trial's exactly (failure class ``oscillating``; an
 ``oscillation`` event). A task still unsolved after its last trial (or stopped as oscillating)
 is re-run once with the escalation model; that run is kept out of the trials (the store's
