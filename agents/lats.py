@@ -200,6 +200,7 @@ class _Search:
         self.tokens = 0
         self.spent_s = 0.0  # wall time of earlier runs of this search (resume)
         self.started = time.monotonic()
+        self._last_leaf: Node | None = None  # where the previous iteration ended
 
     # -- the search --------------------------------------------------------------------------
     async def run(self) -> EpisodeEnd:
@@ -275,8 +276,6 @@ class _Search:
         self._save(record)
         self.iteration += 1
         return node if node.won else None
-
-    _last_leaf: Node | None = None
 
     def _uct(self, parent: Node, child: Node) -> float:
         bonus = math.sqrt(math.log(parent.visits + 1) / (child.visits + 1))
