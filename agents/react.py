@@ -101,36 +101,45 @@ class ReActAgent:
         self.settings = settings
 
     async def play(self, ctx: EpisodeContext) -> EpisodeEnd:
+        state, observation, steps, truncated = await self.start(ctx)
+        while True:
+            end = self.check_end(steps, truncated)
+            if end is not None:
+                return end
+            step, state, truncated = await self.next_step(ctx, observation, steps, state)
+            steps.append(step)
+            ctx.record(step)
+
+    async def start(self, ctx: EpisodeContext) -> tuple[EnvReply, str, list[Step], bool]:
+        """Reset (re-simulating a resumed episode's actions): the state, the first observation,
+        the steps so far, and whether the env truncated the episode."""
         spec = ctx.spec
         state = await ctx.reset(spec.replay_actions())
         observation = spec.resumed_observation if spec.resumed else state.observation
         assert observation is not None
         steps = list(spec.resume_steps)
-        truncated = state.truncated if steps else False
-        while True:
-            end = self.check_end(steps, truncated)
-            if end is not None:
-                return end
-            request = actor_request(
-                self.settings, spec.prefix, observation, steps, state,
-                game=spec.game, trial=spec.trial, seed=spec.seed,
-            )  # fmt: skip
-            completion = await ctx.generate(request)
-            parsed = self.parse(completion.text, state.admissible)
-            if parsed.kind == StepKind.ACT:
-                admissible = parsed.action in state.admissible
-                state = await ctx.step(parsed.action)
-                step = make_step(
-                    len(steps), parsed, completion, state.observation, admissible, state
-                )
-                truncated = state.truncated
-            else:
-                thought = parsed.kind == StepKind.THINK
-                obs = THOUGHT_OBSERVATION if thought else NOTHING_HAPPENS
-                step = make_step(len(steps), parsed, completion, obs, thought)
-                truncated = False
-            steps.append(step)
-            ctx.record(step)
+        return state, observation, steps, state.truncated if steps else False
+
+    async def next_step(
+        self, ctx: EpisodeContext, observation: str, steps: Sequence[Step], state: EnvReply
+    ) -> tuple[Step, EnvReply, bool]:
+        """One step: ask the model, parse, and send an action to the env. The step, the state
+        after it, and whether the env truncated the episode."""
+        spec = ctx.spec
+        request = actor_request(
+            self.settings, spec.prefix, observation, steps, state,
+            game=spec.game, trial=spec.trial, seed=spec.seed,
+        )  # fmt: skip
+        completion = await ctx.generate(request)
+        parsed = self.parse(completion.text, state.admissible)
+        if parsed.kind == StepKind.ACT:
+            admissible = parsed.action in state.admissible
+            state = await ctx.step(parsed.action)
+            step = make_step(len(steps), parsed, completion, state.observation, admissible, state)
+            return step, state, state.truncated
+        thought = parsed.kind == StepKind.THINK
+        obs = THOUGHT_OBSERVATION if thought else NOTHING_HAPPENS
+        return make_step(len(steps), parsed, completion, obs, thought), state, False
 
     def parse(self, text: str, admissible: Sequence[str]) -> ParsedAction:
         """The model's text as a step; with ``nearest`` decoding an action that is not admissible

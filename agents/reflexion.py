@@ -1,15 +1,26 @@
-"""Reflexion around the ReAct actor: the prompt prefix with memory, self-reflection, the judge.
+"""Reflexion around the actor: the prompt prefix with memory, self-reflection, the judge.
 
 Arms: ``react`` (the resampling baseline: no memory), ``reflexion`` (the last Ω reflections in
-the prompt), ``reflexion+explore`` (also what earlier trials saw in each place). Between trials
-the trial loop calls :func:`reflect` on a failed episode (and :func:`judge` for the LLM
-evaluator arm); both take records and return records.
+the prompt), ``reflexion+explore`` (also what earlier trials saw in each place), ``epm`` (the
+episodic-memory control: the last Ω failed trajectories, trimmed to their actions and
+observations, instead of reflections on them), and the memory variants of the other agents
+(``plan+reflexion``, ``lats+reflexion``; ``plan`` and ``lats`` have no memory). Between trials
+the trial loop calls :func:`reflect` on a failed episode (:func:`episodic_memory` for ``epm``;
+:func:`judge` for the LLM evaluator arm); they take records and return records.
+
+Reflection formats: ``free`` (one paragraph, as in the paper) and ``critique`` (a JSON object
+``{missing, superfluous, plan}`` checked against :data:`CRITIQUE_SCHEMA`; text that does not
+parse is kept as free text and the parse error is recorded). ``reflection_max_chars`` caps the
+text kept; every memory item comes with a :class:`~memory.records.ReflectionNote` saying how it
+was made.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from agents.episode import ModelPort
 from agents.explore import extract_facts
@@ -20,13 +31,34 @@ from agents.prompting import (
     judge_prompt,
     parse_judge,
     reflection_prompt,
+    render_transcript,
     sha256,
+    template,
     transcript_pairs,
 )
-from memory.records import ExplorationFact, Reflection, Step
+from memory.records import ExplorationFact, Reflection, ReflectionNote, Step, StepKind
 from memory.window import TaskMemory
 
-ARMS = ("react", "reflexion", "reflexion+explore")
+ARMS = (
+    "react", "reflexion", "reflexion+explore", "epm", "plan", "plan+reflexion", "lats",
+    "lats+reflexion",
+)  # fmt: skip
+MEMORY_ARMS = frozenset(
+    {"reflexion", "reflexion+explore", "epm", "plan+reflexion", "lats+reflexion"}
+)
+REFLECTION_FORMATS = ("free", "critique")
+# The critique's JSON: what a constrained decoder would enforce, and what parse_critique checks.
+CRITIQUE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "missing": {"type": "array", "items": {"type": "string"}},
+        "superfluous": {"type": "array", "items": {"type": "string"}},
+        "plan": {"type": "string", "minLength": 1},
+    },
+    "required": ["missing", "superfluous", "plan"],
+    "additionalProperties": False,
+}
+NO_ACTIONS = "(no actions)"
 # One paragraph, as in the examples. A new line that starts with ">" is the model writing
 # transcript again, not a plan: it ends the reflection too (small models otherwise repeat one
 # "> ..." line until the token cap).
@@ -42,10 +74,27 @@ class ReflexionSettings:
     reflect_max_tokens: int = 256
     prompts_file: str | None = None
     seed: int | None = 0
+    reflection_format: str = "free"  # free | critique
+    reflection_max_chars: int | None = None  # cap on the text kept (None: no cap)
 
     @property
     def uses_memory(self) -> bool:
-        return self.arm != "react"
+        return self.arm in MEMORY_ARMS
+
+    @property
+    def episodic(self) -> bool:
+        """The ``epm`` control: the failed trajectory goes into memory, not a reflection."""
+        return self.arm == "epm"
+
+
+@dataclass(frozen=True)
+class Reflected:
+    """A reflection, what its call cost, and how it was made."""
+
+    reflection: Reflection
+    prompt_tokens: int
+    completion_tokens: int
+    note: ReflectionNote
 
 
 def visible_reflections(
@@ -82,6 +131,49 @@ def prompt_prefix(
     return actor_prefix(example_texts(task_type, settings.prompts_file), shown, seen)
 
 
+def cap_text(text: str, max_chars: int | None) -> tuple[str, int | None]:
+    """``text`` cut to ``max_chars`` (ending in an ellipsis), and its length before the cut
+    (None when it was not cut)."""
+    if max_chars is None or len(text) <= max_chars:
+        return text, None
+    return text[: max(max_chars - 1, 0)].rstrip() + "…", len(text)
+
+
+def parse_critique(text: str) -> tuple[dict[str, Any] | None, str | None]:
+    """The critique object in ``text`` checked against :data:`CRITIQUE_SCHEMA`, or None and
+    why it was refused."""
+    start, end = text.find("{"), text.rfind("}")
+    if start < 0 or end < start:
+        return None, "no JSON object in the text"
+    try:
+        data = json.loads(text[start : end + 1])
+    except ValueError as exc:
+        return None, f"invalid JSON: {exc}"
+    if not isinstance(data, dict):
+        return None, "not a JSON object"
+    keys = set(CRITIQUE_SCHEMA["properties"])
+    if set(data) != keys:
+        return None, f"keys must be exactly {sorted(keys)}, got {sorted(data)}"
+    for key in ("missing", "superfluous"):
+        if not isinstance(data[key], list) or not all(isinstance(x, str) for x in data[key]):
+            return None, f"{key!r} must be a list of strings"
+    if not isinstance(data["plan"], str) or not data["plan"].strip():
+        return None, "'plan' must be a non-empty string"
+    return data, None
+
+
+def render_critique(critique: dict[str, Any]) -> str:
+    """The memory text of a parsed critique."""
+
+    def items(xs: Sequence[str]) -> str:
+        return "; ".join(x.strip() for x in xs if x.strip()) or "nothing"
+
+    return (
+        f"Missing: {items(critique['missing'])}. Superfluous: {items(critique['superfluous'])}."
+        f" Plan: {critique['plan'].strip()}"
+    )
+
+
 async def reflect(
     model: ModelPort,
     settings: ReflexionSettings,
@@ -91,32 +183,86 @@ async def reflect(
     episode_id: str,
     observation: str,
     steps: Sequence[Step],
-) -> tuple[Reflection, int, int]:
-    """A self-reflection on a failed episode, and its (prompt, completion) tokens.
+) -> Reflected:
+    """A self-reflection on a failed episode, in the settings' format and length cap.
 
     Greedy, at most ``reflect_max_tokens`` tokens. Raises the backend's error if the call fails
-    (the trial loop retries it later: a reflection is never silently dropped).
+    (the trial loop retries it later: a reflection is never silently dropped). The ``critique``
+    request carries no decoding constraint: the request interface has none for JSON yet, so the
+    schema is checked after the fact.
     """
-    prompt = reflection_prompt(observation, transcript_pairs(steps))
+    critique = settings.reflection_format == "critique"
+    history = transcript_pairs(steps)
+    if critique:
+        prompt = template("reflection_critique").format(
+            transcript=render_transcript(observation, history)
+        )
+        stop: tuple[str, ...] = ("\n\n",)
+    else:
+        prompt = reflection_prompt(observation, history)
+        stop = REFLECTION_STOPS
     config = GenerationConfig(
-        temperature=0.0,
-        max_tokens=settings.reflect_max_tokens,
-        stop=REFLECTION_STOPS,
-        seed=settings.seed,
+        temperature=0.0, max_tokens=settings.reflect_max_tokens, stop=stop, seed=settings.seed
     )
     request = Request(
-        config=config, prompt=prompt, purpose="reflect", side={"game": task, "trial": trial}
+        config=config,
+        prompt=prompt,
+        purpose="reflect",
+        side={
+            "game": task,
+            "trial": trial,
+            "format": settings.reflection_format,
+            "history": [a for a, _ in history],
+        },
     )
     completion = await model.generate(request)
+    raw = completion.text.strip()
+    text, error = raw or NO_REFLECTION, None
+    if critique:
+        parsed, error = parse_critique(raw)
+        if parsed is not None:
+            text = render_critique(parsed)
+    text, cut_from = cap_text(text, settings.reflection_max_chars)
     reflection = Reflection(
         task=task,
         trial=trial,
         episode_id=episode_id,
         model=settings.reflect_model,
         prompt_hash=sha256(prompt),
-        text=completion.text.strip() or NO_REFLECTION,
+        text=text,
     )
-    return reflection, completion.prompt_tokens, completion.completion_tokens
+    note = ReflectionNote(
+        task=task,
+        trial=trial,
+        format=settings.reflection_format,
+        chars=len(text),
+        truncated_from=cut_from,
+        parse_error=error,
+        raw=completion.text,
+    )
+    return Reflected(reflection, completion.prompt_tokens, completion.completion_tokens, note)
+
+
+def trimmed_trajectory(steps: Sequence[Step]) -> str:
+    """A failed episode as the ``epm`` arm keeps it: its actions and their observations."""
+    acts = [(s.action, s.observation) for s in steps if s.kind == StepKind.ACT]
+    return "\n".join(f"> {a}\n{o}" for a, o in acts) or NO_ACTIONS
+
+
+def episodic_memory(
+    settings: ReflexionSettings, *, task: str, trial: int, episode_id: str, steps: Sequence[Step]
+) -> tuple[Reflection, ReflectionNote]:
+    """The ``epm`` memory item of a failed episode: its trimmed trajectory (no model call)."""
+    full = trimmed_trajectory(steps)
+    text, cut_from = cap_text(full, settings.reflection_max_chars)
+    reflection = Reflection(
+        task=task, trial=trial, episode_id=episode_id, model="epm", prompt_hash=sha256(full),
+        text=text,
+    )  # fmt: skip
+    note = ReflectionNote(
+        task=task, trial=trial, format="epm", chars=len(text), truncated_from=cut_from, raw=""
+    )
+    return reflection, note
 
 
 async def judge(

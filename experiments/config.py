@@ -26,7 +26,12 @@ from typing import Any
 
 from experiments.errors import ConfigError
 
-ARMS = ("react", "reflexion", "reflexion+explore")
+ARMS = (
+    "react", "reflexion", "reflexion+explore", "epm", "plan", "plan+reflexion", "lats",
+    "lats+reflexion",
+)  # fmt: skip
+LATS_VALUES = ("llm", "sc", "heuristic", "oracle")
+REFLECTION_FORMATS = ("free", "critique")
 EVALUATORS = ("paper", "code", "llm")
 ENVS = ("alfworld", "textworld")
 SPLITS = ("train", "eval_in_distribution", "eval_out_of_distribution")
@@ -97,7 +102,9 @@ class ProtocolConfig:
 
     agent: str = option(
         "reflexion",
-        "arm: react (resampling baseline), reflexion, reflexion+explore",
+        "arm: react (resampling baseline), reflexion, reflexion+explore, epm (the last failed "
+        "trajectories in memory instead of reflections), plan, plan+reflexion "
+        "(Plan-and-Execute), lats, lats+reflexion (tree search)",
         choices=ARMS,
     )
     trials: int = option(3, "number of trials", minimum=1, resumable=True)
@@ -203,6 +210,85 @@ class ServeConfig:
 
 
 @dataclass(frozen=True)
+class PlanningConfig:
+    """Plan-and-Execute (agents plan, plan+reflexion): plan, execute with ReAct, replan."""
+
+    planner_model: str | None = option(
+        None, "model spec of the planner and replanner (default: the actor's)"
+    )
+    max_replans: int = option(2, "replans per episode at most", minimum=0)
+    replan_after_nothing: int = option(
+        3, 'answers of "Nothing happens." in a row that call the replanner', minimum=1
+    )
+    plan_max_tokens: int = option(256, "tokens per plan at most", minimum=1)
+
+
+@dataclass(frozen=True)
+class LatsConfig:
+    """Language Agent Tree Search (agents lats, lats+reflexion); budgets are per episode."""
+
+    lats_n: int = option(
+        5,
+        "candidate actions sampled per expansion (one request; n requests where the backend "
+        "cannot sample n at once)",
+        minimum=1,
+    )
+    lats_iterations: int = option(30, "search iterations per episode at most", minimum=1)
+    lats_value: str = option(
+        "llm",
+        "value of a candidate: llm (self-evaluation 1-10), sc (self-consistency of the "
+        "samples), heuristic (no model), oracle (distance along the game's walkthrough: "
+        "privileged, an upper bound for experiments and tests)",
+        choices=LATS_VALUES,
+    )
+    lats_temperature: float = option(1.0, "sampling temperature of the expansions", minimum=0.0)
+    lats_exploration: float = option(1.0, "UCT exploration constant", minimum=0.0)
+    lats_reflections: int = option(
+        2, "reflections on failed rollouts shown in the expansion prompt (0: none)", minimum=0
+    )
+    lats_rollout_depth: int | None = option(
+        None, "steps per rollout at most (default: to a terminal state)", minimum=0
+    )
+    lats_max_nodes: int | None = option(None, "tree nodes per episode at most", minimum=1)
+    lats_max_env_steps: int | None = option(
+        None, "env steps per episode at most, replays included", minimum=1
+    )
+    lats_max_tokens: int | None = option(None, "tokens per episode at most", minimum=1)
+    lats_max_seconds: float | None = option(None, "wall time per episode at most", minimum=0.0)
+
+
+@dataclass(frozen=True)
+class SafeguardConfig:
+    """Safeguards of reflect-then-retry (each is recorded with the run)."""
+
+    reflection_format: str = option(
+        "free",
+        "free (a paragraph) or critique (JSON {missing, superfluous, plan}; free text is kept, "
+        "with the parse error recorded, when it does not parse)",
+        choices=REFLECTION_FORMATS,
+    )
+    reflection_max_chars: int | None = option(
+        None, "cap on a reflection's length in characters (truncation is recorded)", minimum=1
+    )
+    task_max_tokens: int | None = option(
+        None, "tokens per task across its trials; a task past it is not retried", minimum=1
+    )
+    task_max_seconds: float | None = option(
+        None, "wall time per task across its trials; a task past it is not retried", minimum=0.0
+    )
+    oscillation_stop: bool = option(
+        False,
+        "stop retrying a task whose trial repeats an earlier trial's actions exactly "
+        "(failure class oscillating)",
+    )
+    escalate_model: str | None = option(
+        None,
+        "model spec that re-runs each task still unsolved after the last trial, once "
+        "(reported apart from the trials)",
+    )
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """The whole configuration of a run: one section per concern."""
 
@@ -213,6 +299,9 @@ class RunConfig:
     execution: ExecutionConfig = field(default_factory=ExecutionConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     server: ServeConfig = field(default_factory=ServeConfig)
+    planning: PlanningConfig = field(default_factory=PlanningConfig)
+    lats: LatsConfig = field(default_factory=LatsConfig)
+    safeguards: SafeguardConfig = field(default_factory=SafeguardConfig)
 
     @classmethod
     def of(cls, **values: Any) -> RunConfig:

@@ -166,10 +166,13 @@ def _reply(outcome: StepResult) -> EnvReply:
 class _Episode:
     """The context an agent plays one episode through (agents.episode.EpisodeContext)."""
 
-    def __init__(self, engine: Engine, spec: EpisodeSpec, slot: int) -> None:
+    def __init__(
+        self, engine: Engine, spec: EpisodeSpec, slot: int, model: ModelClient | None = None
+    ) -> None:
         self.engine = engine
         self.spec = spec
         self.slot = slot
+        self.model = model  # this episode's actor, when it is not the engine's
         self.started = spec.resumed  # its row exists already
         self.resets = 0
         self._actions: list[str] = []  # env actions since the last reset, for re-simulation
@@ -235,7 +238,7 @@ class _Episode:
     # -- model ----------------------------------------------------------------------------------
     async def generate(self, request: Request) -> Completion:
         return await self.engine.generate(
-            request, self.spec.game, self.spec.trial, self.spec.episode_id
+            request, self.spec.game, self.spec.trial, self.spec.episode_id, actor=self.model
         )
 
     def record(self, step: Step) -> None:
@@ -266,12 +269,14 @@ class Engine:
         *,
         arm: str,
         reflector: ModelClient | None = None,
+        planner: ModelClient | None = None,
         should_stop: Callable[[Usage], str | None] = lambda usage: None,
         on_episode_done: Callable[[EpisodeSpec, EpisodeEnd | None], None] = lambda s, e: None,
     ) -> None:
         self.store = store
         self.model = model
         self.reflector = reflector or model
+        self.planner = planner  # plan calls (default: the actor)
         self.envs = envs
         self.arm = arm
         self.should_stop = should_stop
@@ -288,12 +293,25 @@ class Engine:
             raise StopRun(self.stopped)
 
     async def generate(
-        self, request: Request, game: str, trial: int, episode_id: str | None = None
+        self,
+        request: Request,
+        game: str,
+        trial: int,
+        episode_id: str | None = None,
+        actor: ModelClient | None = None,
     ) -> Completion:
-        """A model call on behalf of an episode (or of a task: reflect, judge), recorded."""
+        """A model call on behalf of an episode (or of a task: reflect, judge), recorded.
+        Reflect and judge calls go to the reflector, plan calls to the planner (default: the
+        actor), the rest to the actor (``actor``: an episode's own, e.g. an escalation run's)."""
         self.check_stop()
         started = time.perf_counter()
-        client = self.reflector if request.purpose in ("reflect", "judge") else self.model
+        actor = actor or self.model
+        if request.purpose in ("reflect", "judge"):
+            client = self.reflector
+        elif request.purpose == "plan":
+            client = self.planner or actor
+        else:
+            client = actor
         try:
             completion = await client.generate(request)
         except BackendError as exc:
@@ -319,8 +337,11 @@ class Engine:
             self.store.log_event("retry", f"{completion.retries} retries", episode_id)
         return completion
 
-    async def play(self, spec: EpisodeSpec, agent: Agent) -> EpisodeEnd | None:
-        """Play one episode in a free slot; its end, or None when the harness failed it."""
+    async def play(
+        self, spec: EpisodeSpec, agent: Agent, model: ModelClient | None = None
+    ) -> EpisodeEnd | None:
+        """Play one episode in a free slot (``model``: its actor, when not the engine's); its
+        end, or None when the harness failed it."""
         if self._free is None:
             self._free = asyncio.Queue()
             for slot in range(self.envs.slots):
@@ -328,7 +349,7 @@ class Engine:
         self.check_stop()
         slot = await self._free.get()
         try:
-            episode = _Episode(self, spec, slot)
+            episode = _Episode(self, spec, slot, model)
             try:
                 end = await agent.play(episode)
             except (BackendError, EnvFailure) as exc:

@@ -13,7 +13,13 @@ Layout of the report directory:
 - one run: ``summary.json``; several runs: ``summary-<label>.json`` per run and ``comparison.json``
   (``runs``: one row per run; ``paired``: the paired tables)
 - ``learning_curve.png`` (one line and interval band per run), ``failures.png`` (failure classes per trial)
+- ``compute.png``: success against env steps (replays included) and against tokens, one line per
+  run, a point per trial: arms are compared at equal compute, so a search that spends more per
+  episode is not credited for it
 - ``report.md`` (tables) and ``index.html`` (the replay viewer with the data embedded)
+
+Escalation runs (unsolved tasks re-run once with another model) are shown apart: they are not
+part of the trials, the curves or the compute.
 """
 
 from __future__ import annotations
@@ -36,8 +42,11 @@ FIG_SIZE_IN = (8.0, 5.0)
 FIG_DPI = 100
 PNG_SIZE = (int(FIG_SIZE_IN[0] * FIG_DPI), int(FIG_SIZE_IN[1] * FIG_DPI))
 
-# Agent failure classes, in the order plots and tables show them (harness errors are separate).
-AGENT_FAILURES = tuple(c.value for c in FailureClass if c is not FailureClass.INFRA_ERROR)
+# Agent failure classes, in the order plots and tables show them (harness errors are separate;
+# the oscillation stop is shown when it happened).
+AGENT_FAILURES = tuple(
+    c.value for c in FailureClass if c not in (FailureClass.INFRA_ERROR, FailureClass.OSCILLATING)
+)
 ERROR_BAR = "harness error"
 
 CONFIDENCE = 0.95  # of every interval in the report
@@ -142,6 +151,7 @@ def summarize(reader: RunReader) -> dict[str, Any]:
         entry["solved"] += solved_at[game] is not None
 
     failed_all = [o for o in outcomes if o.status is EpisodeStatus.DONE and not o.won]
+    compute = compute_curve(reader, outcomes, trials, total)
     tokens = reader.token_totals()
     statuses: dict[str, int] = {}
     for o in outcomes:
@@ -171,6 +181,54 @@ def summarize(reader: RunReader) -> dict[str, Any]:
         "events": reader.event_counts(),
         "status": reader.get_meta("status"),
         "started_at": manifest.get("started_at"),
+        "compute": compute,
+        "escalation": _escalation(reader, set(solved_at)),
+    }
+
+
+def compute_curve(
+    reader: RunReader, outcomes: Sequence[Outcome], trials: Sequence[dict[str, Any]], total: int
+) -> dict[str, Any]:
+    """What the trials spent, cumulatively: env steps (a search's replays included) and tokens
+    (every call of the trial: acting, planning, values, reflections), with the success rate."""
+    env = reader.env_steps()
+    tokens = reader.tokens_by_trial()
+    steps_by_trial: dict[int, int] = {}
+    for o in outcomes:
+        steps_by_trial[o.trial] = steps_by_trial.get(o.trial, 0) + env.get(o.episode_id, 0)
+    points, cum_steps, cum_tokens = [], 0, 0
+    for t in trials:
+        cum_steps += steps_by_trial.get(t["trial"], 0)
+        cum_tokens += tokens.get(t["trial"], 0)
+        points.append(
+            {
+                "trial": t["trial"],
+                "env_steps": cum_steps,
+                "tokens": cum_tokens,
+                "cumulative_solved": t["cumulative_solved"],
+                "success_rate": t["success_rate"],
+            }
+        )
+    searched = reader.searched_episodes()
+    return {
+        "env_steps": cum_steps,
+        "tokens": cum_tokens,
+        "replay_steps_included": bool(searched & {o.episode_id for o in outcomes}),
+        "by_trial": points,
+        "total_tasks": total,
+    }
+
+
+def _escalation(reader: RunReader, tasks: set[str]) -> dict[str, Any] | None:
+    """Escalation runs: how many unsolved tasks were re-run with which model, and solved."""
+    runs = [e for e in reader.escalations() if e.outcome.game in tasks]
+    if not runs:
+        return None
+    return {
+        "models": sorted({e.model for e in runs}),
+        "tasks": len(runs),
+        "solved": sum(e.outcome.won for e in runs),
+        "games": {e.outcome.game: e.outcome.won for e in runs},
     }
 
 
@@ -225,6 +283,8 @@ def comparison_row(label: str, run_dir: Path, s: dict[str, Any]) -> dict[str, An
         "success_last_ci": list(wilson_interval(last, total)),
         "tokens": tokens,
         "tokens_per_solved": tokens / last if last else None,
+        "env_steps": s["compute"]["env_steps"],
+        "env_steps_per_solved": s["compute"]["env_steps"] / last if last else None,
         "cost_usd": s["cost_usd"],
         "cost_per_solved": s["cost_usd"] / last if last else None,
         "wall_s": s["wall_s"],
@@ -336,6 +396,30 @@ def plot_learning_curve(
     if len(summaries) == 2 and paired:
         text = ", ".join(f"trial {p['trial']}: p = {_p(p['p_value'])}" for p in paired)
         ax.text(0.02, 0.97, f"McNemar exact: {text}", transform=ax.transAxes, va="top", fontsize=8)
+    return _save(fig, path)
+
+
+def plot_compute(summaries: Sequence[dict[str, Any]], labels: Sequence[str], path: Path) -> Path:
+    """Cumulative success against env steps (replays included) and against tokens: one line
+    per run, a point per trial, so arms are compared at equal compute."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=FIG_SIZE_IN, dpi=FIG_DPI, sharey=True)
+    names = [f"{s['model']} · {s['arm']}" for s in summaries]
+    for s, label, name in zip(summaries, labels, names, strict=True):
+        points = s["compute"]["by_trial"]
+        ys = [100.0 * p["success_rate"] for p in points]
+        text = _line_label(s, label, names.count(name) > 1)
+        for ax, key in zip(axes, ("env_steps", "tokens"), strict=True):
+            ax.plot([p[key] for p in points], ys, marker="o", label=text)
+    axes[0].set_xlabel("env steps (replays included)")
+    axes[1].set_xlabel("tokens (all calls)")
+    axes[0].set_ylabel("cumulative success rate (%)")
+    for ax in axes:
+        ax.set_ylim(0, 100)
+        ax.grid(True, alpha=0.3)
+    if summaries:
+        axes[1].legend(loc="lower right", fontsize=8)
+    fig.suptitle("Success at equal compute (a point per trial)")
     return _save(fig, path)
 
 
@@ -489,6 +573,32 @@ def comparison_table(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[li
     return header, out
 
 
+def compute_table(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
+    header = ["run", "arm", "success last trial", "env steps", "env steps / solved", "tokens",
+              "tokens / solved"]  # fmt: skip
+    out = [
+        [
+            r["label"], r["arm"], _pct(r["success_last"]), r["env_steps"],
+            _num(r["env_steps_per_solved"]), r["tokens"], _num(r["tokens_per_solved"]),
+        ]
+        for r in rows
+    ]  # fmt: skip
+    return header, out
+
+
+def escalation_lines(s: dict[str, Any]) -> list[str]:
+    e = s.get("escalation")
+    if not e:
+        return []
+    return [
+        "### Escalation (apart from the trials)",
+        "",
+        f"{e['tasks']} task(s) unsolved after the last trial re-run once with"
+        f" {', '.join(e['models'])}: {e['solved']} solved.",
+        "",
+    ]
+
+
 def paired_table_md(paired: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
     header = ["A", "B", "trial", "tasks", "both", "only A", "only B", "neither", "p (McNemar)"]
     rows = [
@@ -510,6 +620,15 @@ def markdown_report(
     parts = ["# reflexsim report", ""]
     if len(summaries) > 1:
         parts += ["## Model comparison", "", _md_table(*comparison_table(comparison)), ""]
+        parts += [
+            "## Success at equal compute",
+            "",
+            "Env steps include the replays a tree search spends restoring states; tokens count"
+            " every call (acting, planning, values, reflections). Escalation runs are left out.",
+            "",
+            _md_table(*compute_table(comparison)),
+            "",
+        ]
         parts += ["## Paired comparison (same tasks)", ""]
         if paired:
             parts += [
@@ -531,7 +650,11 @@ def markdown_report(
             f" {s['errors']} errored episode(s) (harness, not agent).",
             f"Tokens: {t['prompt']} prompt ({t['cached_prompt']} cached), {t['completion']}"
             f" completion; cost ${s['cost_usd']:.4f}; wall {s['wall_s']:.0f} s.",
+            f"Env steps: {s['compute']['env_steps']}"
+            + (" (replays included)" if s["compute"]["replay_steps_included"] else "")
+            + ".",
             "",
+            *escalation_lines(s),
             "### Model calls by purpose",
             "",
             _md_table(*calls_table(s)),
@@ -550,6 +673,7 @@ def markdown_report(
             "",
         ]
     parts += ["![learning curve](learning_curve.png)", "", "![failures](failures.png)", ""]
+    parts += ["![success at equal compute](compute.png)", ""]
     return "\n".join(parts)
 
 
@@ -599,13 +723,18 @@ def write_report(run_dirs: Sequence[Path], out_dir: Path | None = None) -> Path:
         _write_json(out / "comparison.json", {"runs": comparison, "paired": paired})
     plot_learning_curve(summaries, labels, out / "learning_curve.png", paired)
     plot_failures(summaries, labels, out / "failures.png")
+    plot_compute(summaries, labels, out / "compute.png")
     (out / "report.md").write_text(markdown_report(summaries, labels, comparison, paired))
     write_static_page(
         dirs,
         labels,
         out / "index.html",
         summaries=summaries,
-        plots={"learning_curve": out / "learning_curve.png", "failures": out / "failures.png"},
+        plots={
+            "learning_curve": out / "learning_curve.png",
+            "failures": out / "failures.png",
+            "compute": out / "compute.png",
+        },
         comparison=comparison if len(dirs) > 1 else None,
     )
     return out

@@ -16,19 +16,22 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Protocol
 
+from agents.episode import Agent
 from agents.evaluators import make_evaluator
+from agents.lats import LatsAgent, LatsSettings, SearchLog
 from agents.llm import make_backend
 from agents.llm.base import Backend, GenerationConfig
 from agents.parsing import GroundingRules
+from agents.plan_execute import PlanExecuteAgent, PlanSettings
 from agents.prompting import template_hashes
 from agents.react import ActorSettings, ReActAgent
-from agents.reflexion import ReflexionSettings
+from agents.reflexion import MEMORY_ARMS, ReflexionSettings
 from envs.aio import AsyncEnvPool
 from experiments.config import RESUMABLE_KEYS, RunConfig, data_root, parse_deadline
 from experiments.engine import Engine, ModelClient, Usage
 from experiments.errors import ConfigError, RunStoreError
 from experiments.store import RunStore
-from experiments.trials import Task, TrialLoop, TrialPlan
+from experiments.trials import Escalation, Safeguards, Task, TrialLoop, TrialPlan
 
 log = logging.getLogger("reflexsim.runner")
 
@@ -433,19 +436,8 @@ async def _execute(plan: Plan, progress: Progress) -> Path:
             "config": cfg.to_tree(),
         }
     )
-    agent = ReActAgent(actor_settings(cfg))
-    trial_plan = TrialPlan(
-        trials=cfg.protocol.trials,
-        reflexion=ReflexionSettings(
-            arm=cfg.protocol.agent,
-            memory_size=cfg.protocol.memory_size,
-            reflect_model=cfg.models.reflector,
-            reflect_max_tokens=cfg.models.reflect_max_tokens,
-            prompts_file=cfg.protocol.prompts,
-            seed=cfg.protocol.seed,
-        ),
-        llm_judge=cfg.evaluation.evaluator == "llm",
-    )
+    agent = build_agent(cfg, store)
+    trial_plan = trial_plan_of(cfg)
     tasks = plan.games.tasks
     pool = EnvPool(
         EnvSpec(plan.games.env_kind, plan.games.env_kwargs),
@@ -460,12 +452,14 @@ async def _execute(plan: Plan, progress: Progress) -> Path:
         if plan.reflector is plan.actor
         else ModelClient(plan.reflector, max_in_flight=cfg.execution.concurrency)
     )
+    extra = _extra_clients(cfg)
     engine = Engine(
         store,
         actor,
         envs,
         arm=cfg.protocol.agent,
         reflector=reflector,
+        planner=extra.get("planner"),
         should_stop=Budget(cfg),
         on_episode_done=lambda spec, end: progress.episode_done(
             bool(end and end.won), engine.usage.total
@@ -487,7 +481,15 @@ async def _execute(plan: Plan, progress: Progress) -> Path:
     stopped: str | None = None
     with _RunLog(run_dir):
         try:
-            loop = TrialLoop(store, engine, agent, trial_plan, on_task_done=task_done)
+            escalate = extra.get("escalate")
+            if cfg.safeguards.escalate_model == cfg.models.model:
+                escalate = actor  # the same model again: its own client
+            loop = TrialLoop(
+                store, engine, agent, trial_plan, on_task_done=task_done,
+                escalation=Escalation(cfg.safeguards.escalate_model, escalate)
+                if escalate is not None and cfg.safeguards.escalate_model
+                else None,
+            )  # fmt: skip
             stopped = await loop.run(tasks)
         finally:
             progress.close()
@@ -496,6 +498,9 @@ async def _execute(plan: Plan, progress: Progress) -> Path:
             actor.close()
             if reflector is not actor:
                 reflector.close()
+            for client in extra.values():
+                client.close()
+                client.backend.close()
             wall = store.get_meta("wall_s", 0.0) + (time.time() - started)
             store.set_meta("wall_s", wall)
             status = {"stopped": stopped} if stopped else {"complete": True}
@@ -504,6 +509,81 @@ async def _execute(plan: Plan, progress: Progress) -> Path:
                 store.log_event("budget", str(stopped))
             store.close()
     return run_dir
+
+
+def reflexion_settings(cfg: RunConfig) -> ReflexionSettings:
+    return ReflexionSettings(
+        arm=cfg.protocol.agent,
+        memory_size=cfg.protocol.memory_size,
+        reflect_model=cfg.models.reflector,
+        reflect_max_tokens=cfg.models.reflect_max_tokens,
+        prompts_file=cfg.protocol.prompts,
+        seed=cfg.protocol.seed,
+        reflection_format=cfg.safeguards.reflection_format,
+        reflection_max_chars=cfg.safeguards.reflection_max_chars,
+    )
+
+
+def trial_plan_of(cfg: RunConfig) -> TrialPlan:
+    """How many trials, the arm's memory and reflection settings, and the safeguards."""
+    guards = cfg.safeguards
+    return TrialPlan(
+        trials=cfg.protocol.trials,
+        reflexion=reflexion_settings(cfg),
+        llm_judge=cfg.evaluation.evaluator == "llm",
+        safeguards=Safeguards(
+            task_max_tokens=guards.task_max_tokens,
+            task_max_seconds=guards.task_max_seconds,
+            oscillation_stop=guards.oscillation_stop,
+            escalate_model=guards.escalate_model,
+        ),
+    )
+
+
+def build_agent(cfg: RunConfig, log: SearchLog | None = None) -> Agent:
+    """The arm's agent: ReAct (react, reflexion, reflexion+explore, epm), Plan-and-Execute
+    (plan, plan+reflexion) or LATS (lats, lats+reflexion; its tree goes to ``log``)."""
+    arm, actor = cfg.protocol.agent, actor_settings(cfg)
+    if arm in ("plan", "plan+reflexion"):
+        p = cfg.planning
+        return PlanExecuteAgent(
+            actor,
+            PlanSettings(
+                max_replans=p.max_replans,
+                nothing_streak=p.replan_after_nothing,
+                max_tokens=p.plan_max_tokens,
+                prompts_file=cfg.protocol.prompts,
+            ),
+        )
+    if arm in ("lats", "lats+reflexion"):
+        t = cfg.lats
+        settings = LatsSettings(
+            actor=actor, reflexion=reflexion_settings(cfg), n=t.lats_n,
+            iterations=t.lats_iterations, value=t.lats_value, temperature=t.lats_temperature,
+            exploration=t.lats_exploration, reflections=t.lats_reflections,
+            rollout_depth=t.lats_rollout_depth, max_nodes=t.lats_max_nodes,
+            max_env_steps=t.lats_max_env_steps, max_tokens=t.lats_max_tokens,
+            max_seconds=t.lats_max_seconds,
+        )  # fmt: skip
+        return LatsAgent(settings, log)
+    return ReActAgent(actor)
+
+
+def _extra_clients(cfg: RunConfig) -> dict[str, ModelClient]:
+    """Clients of the planner and escalation models, when they are models of their own."""
+    out: dict[str, ModelClient] = {}
+    specs = {"planner": cfg.planning.planner_model, "escalate": cfg.safeguards.escalate_model}
+    try:
+        for role, spec in specs.items():
+            if spec and spec != cfg.models.model:
+                backend = make_backend(spec, **_backend_options(cfg))
+                out[role] = ModelClient(backend, max_in_flight=cfg.execution.concurrency)
+    except BaseException:
+        for client in out.values():
+            client.close()
+            client.backend.close()
+        raise
+    return out
 
 
 def actor_settings(cfg: RunConfig) -> ActorSettings:
@@ -555,7 +635,8 @@ def dry_run_plan(cfg: RunConfig) -> dict[str, Any]:
 
 def estimated_plan(cfg: RunConfig, n: int, **games: Any) -> dict[str, Any]:
     """The plan of a run over ``n`` games (``games``: what is known about them)."""
-    reflections = 0 if cfg.protocol.agent == "react" else n * (cfg.protocol.trials - 1)
+    uses_memory = cfg.protocol.agent in MEMORY_ARMS and cfg.protocol.agent != "epm"
+    reflections = n * (cfg.protocol.trials - 1) if uses_memory else 0
     return {
         "model": cfg.models.model,
         "reflect_model": cfg.models.reflector,

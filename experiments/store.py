@@ -5,6 +5,10 @@ happens, and primary keys make every write idempotent where a resumed run could 
 ``RunReader`` (``open_reader``) reads through a read-only connection and returns frozen records
 with enum statuses and kinds; reports, export, replay and the viewer read only through it.
 
+Tables added without a version step (``_TABLES_ADDED``: search trees, reflection notes,
+escalations) are created by every writer that opens a store, so a version-2 store made before
+them gains them on its next write; a reader of a store that lacks them sees them empty.
+
 Schema versions: a store records its version in ``meta``. Opening a version-1 store for writing
 migrates it in place (``model_calls`` created and backfilled from steps and reflections; a
 ``migrate`` event records it). Opening one read-only never writes to the file: the same rows are
@@ -26,7 +30,19 @@ from pathlib import Path
 from typing import Any, Self, TypeVar
 
 from experiments.errors import RunStoreError
-from memory.records import EpisodeStatus, FailureClass, ModelCall, Reflection, Step, StepKind
+from memory.records import (
+    EpisodeStatus,
+    FailureClass,
+    ModelCall,
+    Reflection,
+    ReflectionNote,
+    SearchEnd,
+    SearchIteration,
+    SearchNode,
+    SearchTree,
+    Step,
+    StepKind,
+)
 
 DB_NAME = "run.sqlite"
 SCHEMA_VERSION = 2
@@ -150,6 +166,77 @@ _TABLES_V2 = (
 END""",
     "CREATE INDEX IF NOT EXISTS episodes_won ON episodes(game) WHERE won = 1",
 )
+
+# Added to version 2 without a version step: every writer creates them if they are missing.
+_TABLES_ADDED = (
+    """CREATE TABLE IF NOT EXISTS search_nodes (
+    episode_id TEXT NOT NULL,
+    node_id INTEGER NOT NULL,
+    parent_id INTEGER,               -- NULL: the root (the first observation)
+    depth INTEGER NOT NULL,
+    kind TEXT NOT NULL,              -- a StepKind value ('' for the root)
+    raw_output TEXT NOT NULL,        -- the model's text, untrusted
+    action TEXT NOT NULL,
+    observation TEXT,                -- NULL until the node was executed
+    admissible INTEGER NOT NULL,
+    value REAL NOT NULL,             -- the value function's estimate
+    visits INTEGER NOT NULL,
+    total REAL NOT NULL,             -- sum of the back-propagated rewards
+    samples INTEGER NOT NULL,        -- samples of the expansion that proposed this action
+    terminal INTEGER NOT NULL,
+    won INTEGER NOT NULL,
+    chosen INTEGER NOT NULL,         -- on the path written as the episode's steps
+    reflection TEXT,                 -- written after a failed rollout that ended here
+    iteration INTEGER NOT NULL,      -- the iteration that created it
+    prompt_tokens INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL,
+    PRIMARY KEY (episode_id, node_id)
+)""",
+    """CREATE TABLE IF NOT EXISTS search_iterations (
+    episode_id TEXT NOT NULL,
+    iteration INTEGER NOT NULL,
+    selected INTEGER NOT NULL,
+    leaf INTEGER NOT NULL,
+    reward REAL NOT NULL,
+    env_steps INTEGER NOT NULL,      -- actions stepped for the first time
+    replay_steps INTEGER NOT NULL,   -- actions re-simulated to restore a node
+    resets INTEGER NOT NULL,
+    nodes_added INTEGER NOT NULL,
+    tokens INTEGER NOT NULL,
+    backtrack INTEGER NOT NULL,
+    elapsed_s REAL NOT NULL,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (episode_id, iteration)
+)""",
+    """CREATE TABLE IF NOT EXISTS search_ends (
+    episode_id TEXT PRIMARY KEY,
+    best_node INTEGER NOT NULL,
+    won INTEGER NOT NULL,
+    reason TEXT NOT NULL,
+    created_at REAL NOT NULL
+)""",
+    """CREATE TABLE IF NOT EXISTS reflection_notes (
+    task TEXT NOT NULL,
+    trial INTEGER NOT NULL,
+    format TEXT NOT NULL,            -- free | critique | epm
+    chars INTEGER NOT NULL,          -- of the text kept
+    truncated_from INTEGER,          -- the text's length before the cap, when it was cut
+    parse_error TEXT,                -- critique: why the JSON was refused (free text kept)
+    raw TEXT NOT NULL,               -- the model's text, untrusted
+    PRIMARY KEY (task, trial)
+)""",
+    """CREATE TABLE IF NOT EXISTS escalations (
+    episode_id TEXT PRIMARY KEY,     -- its row in episodes; kept out of the trial outcomes
+    game TEXT NOT NULL,
+    model TEXT NOT NULL,
+    created_at REAL NOT NULL
+)""",
+)
+_ADDED_NAMES = ("search_nodes", "search_iterations", "search_ends", "reflection_notes",
+                "escalations")  # fmt: skip
+
+_NODE_COLUMNS = tuple(f.name for f in dataclasses.fields(SearchNode))
+_ITERATION_COLUMNS = tuple(f.name for f in dataclasses.fields(SearchIteration))
 
 _CALL_COLUMNS = (
     "purpose, game, trial, episode_id, prompt_tokens, completion_tokens, cached_tokens,"
@@ -286,6 +373,27 @@ class Progress:
     tokens: int  # prompt + completion tokens of every model call
 
 
+@dataclass(frozen=True)
+class TaskUsage:
+    """What one task has used so far, across its trials (per-task budgets read it)."""
+
+    tokens: int  # prompt + completion tokens of every model call for the task
+    seconds: float  # its episodes' durations plus its calls between episodes
+
+
+@dataclass(frozen=True)
+class Escalation:
+    """An unsolved task re-run once with another model, reported apart from the trials."""
+
+    outcome: Outcome
+    model: str
+
+
+def escalation_id(game: str) -> str:
+    """The episode id of a task's escalation run."""
+    return f"{game}#escalate"
+
+
 def episode_id(game: str, trial: int) -> str:
     """Stable across resumes: a run directory holds one arm, so (game, trial) is unique."""
     return f"{game}#t{trial}"
@@ -367,6 +475,12 @@ _MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _migrate_v1}
 _READ_VIEWS: dict[int, tuple[str, ...]] = {1: _V1_READ_VIEWS}
 
 
+def _present(conn: sqlite3.Connection) -> frozenset[str]:
+    """Which of the tables added without a version step this store has."""
+    rows = conn.execute("SELECT name FROM sqlite_master WHERE type='table'").fetchall()
+    return frozenset(r[0] for r in rows) & frozenset(_ADDED_NAMES)
+
+
 def _cannot_open(run_dir: Path, exc: sqlite3.Error) -> RunStoreError:
     return RunStoreError(f"cannot read the run store in {str(run_dir)!r}: {exc}")
 
@@ -378,6 +492,7 @@ class RunReader:
     path: Path
     schema_version: int  # the file's (a reader reads an older store through views)
     _conn: sqlite3.Connection
+    _added: frozenset[str]  # the tables added without a version step that this store has
 
     def __init__(self, run_dir: str | Path) -> None:
         self._locate(run_dir)
@@ -399,6 +514,7 @@ class RunReader:
             raise
         self.schema_version = version
         self._conn.row_factory = sqlite3.Row
+        self._added = _present(self._conn)
 
     def _locate(self, run_dir: str | Path) -> None:
         self.run_dir = Path(run_dir)
@@ -431,22 +547,49 @@ class RunReader:
         row = self._conn.execute("SELECT * FROM episodes WHERE episode_id=?", (episode,)).fetchone()
         return EpisodeRow(**_episode_fields(dict(row))) if row else None
 
+    def _trial_episodes(self) -> str:
+        """SQL condition: the episode is one of the trials (not an escalation run)."""
+        if "escalations" not in self._added:
+            return "1"
+        return "episode_id NOT IN (SELECT episode_id FROM escalations)"
+
     def episodes(self, trial: int | None = None) -> list[EpisodeRow]:
-        """Full episode rows (with prompt prefixes), ordered by trial then game."""
+        """Full episode rows (with prompt prefixes) of the trials, ordered by trial then game;
+        escalation runs are read with :meth:`escalations`."""
+        where = self._trial_episodes()
         if trial is None:
-            rows = self._conn.execute("SELECT * FROM episodes ORDER BY trial, game").fetchall()
+            rows = self._conn.execute(
+                f"SELECT * FROM episodes WHERE {where} ORDER BY trial, game"
+            ).fetchall()
         else:
             rows = self._conn.execute(
-                "SELECT * FROM episodes WHERE trial=? ORDER BY game", (trial,)
+                f"SELECT * FROM episodes WHERE trial=? AND {where} ORDER BY game", (trial,)
             ).fetchall()
         return [EpisodeRow(**_episode_fields(dict(r))) for r in rows]
 
     def outcomes(self) -> list[Outcome]:
-        """Every episode's outcome, ordered by trial then game (a light query: no prompts)."""
+        """Every trial episode's outcome, ordered by trial then game (a light query: no prompts)."""
         rows = self._conn.execute(
-            f"SELECT {_OUTCOME_COLUMNS} FROM episodes ORDER BY trial, game"
+            f"SELECT {_OUTCOME_COLUMNS} FROM episodes WHERE {self._trial_episodes()}"
+            " ORDER BY trial, game"
         ).fetchall()
         return [Outcome(**_episode_fields(dict(r))) for r in rows]
+
+    def escalations(self) -> list[Escalation]:
+        """The escalation runs (unsolved tasks re-run once with another model), by game."""
+        if "escalations" not in self._added:
+            return []
+        cols = ", ".join(f"e.{c.strip()}" for c in _OUTCOME_COLUMNS.split(","))
+        rows = self._conn.execute(
+            f"SELECT {cols}, x.model AS model FROM escalations x"
+            " JOIN episodes e ON e.episode_id = x.episode_id ORDER BY e.game"
+        ).fetchall()
+        out = []
+        for r in rows:
+            d = dict(r)
+            model = d.pop("model")
+            out.append(Escalation(Outcome(**_episode_fields(d)), model))
+        return out
 
     def steps(self, episode: str) -> list[Step]:
         rows = self._conn.execute(
@@ -497,6 +640,108 @@ class RunReader:
                 f"SELECT {cols} FROM reflections WHERE task=? ORDER BY trial", (task,)
             ).fetchall()
         return [Reflection(**dict(r)) for r in rows]
+
+    def reflection_notes(self, task: str | None = None) -> list[ReflectionNote]:
+        """How each memory item was made (format, truncation, critique parse errors)."""
+        if "reflection_notes" not in self._added:
+            return []
+        cols = ", ".join(f.name for f in dataclasses.fields(ReflectionNote))
+        if task is None:
+            rows = self._conn.execute(
+                f"SELECT {cols} FROM reflection_notes ORDER BY task, trial"
+            ).fetchall()
+        else:
+            rows = self._conn.execute(
+                f"SELECT {cols} FROM reflection_notes WHERE task=? ORDER BY trial", (task,)
+            ).fetchall()
+        return [ReflectionNote(**dict(r)) for r in rows]
+
+    # -- search trees ------------------------------------------------------------------------
+    def search_tree(self, episode: str) -> SearchTree | None:
+        """The stored search of an episode (nodes, iterations, its end), or None."""
+        if "search_nodes" not in self._added:
+            return None
+        rows = self._conn.execute(
+            f"SELECT {', '.join(_NODE_COLUMNS)} FROM search_nodes WHERE episode_id=?"
+            " ORDER BY node_id",
+            (episode,),
+        ).fetchall()
+        if not rows:
+            return None
+        flags = ("admissible", "terminal", "won", "chosen")
+        nodes = tuple(
+            SearchNode.from_dict({k: (bool(v) if k in flags else v) for k, v in dict(r).items()})
+            for r in rows
+        )
+        its = self._conn.execute(
+            f"SELECT {', '.join(_ITERATION_COLUMNS)} FROM search_iterations WHERE episode_id=?"
+            " ORDER BY iteration",
+            (episode,),
+        ).fetchall()
+        iterations = tuple(
+            SearchIteration.from_dict(
+                {k: (bool(v) if k == "backtrack" else v) for k, v in dict(r).items()}
+            )
+            for r in its
+        )
+        end = self._conn.execute(
+            "SELECT best_node, won, reason FROM search_ends WHERE episode_id=?", (episode,)
+        ).fetchone()
+        return SearchTree(
+            nodes,
+            iterations,
+            SearchEnd(end["best_node"], bool(end["won"]), end["reason"]) if end else None,
+        )
+
+    def searched_episodes(self) -> set[str]:
+        """Episodes that have a stored search tree."""
+        if "search_nodes" not in self._added:
+            return set()
+        rows = self._conn.execute("SELECT DISTINCT episode_id FROM search_nodes").fetchall()
+        return {r[0] for r in rows}
+
+    # -- compute -----------------------------------------------------------------------------
+    def env_steps(self) -> dict[str, int]:
+        """Env steps of each episode, replays included: a searched episode's iterations' fresh
+        and replayed steps; any other episode's actions. Re-simulation after a crash or on
+        resume is the harness's, not the agent's, and is not counted."""
+        rows = self._conn.execute(
+            "SELECT episode_id, SUM(kind = ?) n FROM steps GROUP BY episode_id",
+            (StepKind.ACT.value,),
+        ).fetchall()
+        out = {r["episode_id"]: int(r["n"] or 0) for r in rows}
+        if "search_iterations" in self._added:
+            rows = self._conn.execute(
+                "SELECT episode_id, SUM(env_steps + replay_steps) n FROM search_iterations"
+                " GROUP BY episode_id"
+            ).fetchall()
+            out.update({r["episode_id"]: int(r["n"] or 0) for r in rows})
+        return out
+
+    def tokens_by_trial(self) -> dict[int, int]:
+        """Prompt + completion tokens of every model call of each trial (its episodes and the
+        calls between them); escalation runs are left out."""
+        where = "1"
+        if "escalations" in self._added:
+            where = "(episode_id IS NULL OR episode_id NOT IN (SELECT episode_id FROM escalations))"
+        rows = self._conn.execute(
+            "SELECT trial, COALESCE(SUM(prompt_tokens + completion_tokens), 0) n"
+            f" FROM model_calls WHERE {where} GROUP BY trial ORDER BY trial"
+        ).fetchall()
+        return {r["trial"]: int(r["n"]) for r in rows}
+
+    def task_usage(self, game: str) -> TaskUsage:
+        """Tokens and seconds ``game`` has used across its trials (per-task budgets)."""
+        row = self._conn.execute(
+            "SELECT (SELECT COALESCE(SUM(prompt_tokens + completion_tokens), 0) FROM model_calls"
+            "  WHERE game = ?) tokens,"
+            " (SELECT COALESCE(SUM(COALESCE(finished_at, ?) - started_at), 0) FROM episodes"
+            "  WHERE game = ?) played,"
+            " (SELECT COALESCE(SUM(latency_s), 0) FROM model_calls"
+            "  WHERE game = ? AND episode_id IS NULL) between_s",
+            (game, time.time(), game, game),
+        ).fetchone()
+        return TaskUsage(int(row["tokens"]), float(row["played"]) + float(row["between_s"]))
 
     # -- trials and events -------------------------------------------------------------------
     def trial_rows(self) -> list[TrialRow]:
@@ -622,6 +867,7 @@ class RunStore(RunReader):
             self._conn.close()
             raise
         self._conn.row_factory = sqlite3.Row
+        self._added = frozenset(_ADDED_NAMES)
 
     def _upgrade(self) -> None:
         """Create a new store, or migrate an older one to the current version (in a transaction)."""
@@ -632,6 +878,8 @@ class RunStore(RunReader):
         else:
             for version in range(found, SCHEMA_VERSION):
                 _MIGRATIONS[version](self._conn)
+        for statement in _TABLES_ADDED:
+            self._conn.execute(statement)
         self._conn.execute(
             "INSERT INTO meta(key, value) VALUES ('schema_version', ?)"
             " ON CONFLICT(key) DO UPDATE SET value=excluded.value",
@@ -728,6 +976,7 @@ class RunStore(RunReader):
         """
         with self.transaction():
             self._conn.execute("DELETE FROM steps WHERE episode_id=?", (episode,))
+            self._forget_search(episode)
             self._conn.execute(
                 "UPDATE episodes SET status=?, won=0, failure_class=NULL, verdict=NULL,"
                 " error=NULL, finished_at=NULL, attempts=attempts+1 WHERE episode_id=?",
@@ -737,7 +986,63 @@ class RunStore(RunReader):
     def discard_episode(self, episode: str) -> None:
         with self.transaction():
             self._conn.execute("DELETE FROM steps WHERE episode_id=?", (episode,))
+            self._forget_search(episode)
             self._conn.execute("DELETE FROM episodes WHERE episode_id=?", (episode,))
+
+    def _forget_search(self, episode: str) -> None:
+        for table in ("search_nodes", "search_iterations", "search_ends"):
+            self._conn.execute(f"DELETE FROM {table} WHERE episode_id=?", (episode,))
+
+    def set_failure_class(self, episode: str, failure_class: str, verdict: str) -> None:
+        """Re-class a finished, failed episode (the oscillation stop: ``oscillating``)."""
+        self._conn.execute(
+            "UPDATE episodes SET failure_class=?, verdict=? WHERE episode_id=? AND won=0",
+            (FailureClass(failure_class).value, verdict, episode),
+        )
+
+    def mark_escalation(self, episode: str, game: str, model: str) -> None:
+        """``episode`` is the escalation run of ``game`` with ``model`` (before it starts)."""
+        self._conn.execute(
+            "INSERT OR IGNORE INTO escalations(episode_id, game, model, created_at)"
+            " VALUES (?,?,?,?)",
+            (episode, game, model, time.time()),
+        )
+
+    # -- search trees ------------------------------------------------------------------------
+    def save_search(
+        self, episode: str, nodes: Sequence[SearchNode], iteration: SearchIteration | None = None
+    ) -> None:
+        """Insert or update ``nodes`` and record ``iteration``, in one transaction (an
+        iteration is the unit a resumed search continues from)."""
+        cols = ", ".join(_NODE_COLUMNS)
+        updates = ", ".join(f"{c}=excluded.{c}" for c in _NODE_COLUMNS if c != "node_id")
+        with self.transaction():
+            self._conn.executemany(
+                f"INSERT INTO search_nodes(episode_id, {cols})"
+                f" VALUES (?, {', '.join('?' * len(_NODE_COLUMNS))})"
+                f" ON CONFLICT(episode_id, node_id) DO UPDATE SET {updates}",
+                [(episode, *(getattr(n, c) for c in _NODE_COLUMNS)) for n in nodes],
+            )
+            if iteration is not None:
+                self._conn.execute(
+                    f"INSERT OR REPLACE INTO search_iterations(episode_id,"
+                    f" {', '.join(_ITERATION_COLUMNS)}, created_at)"
+                    f" VALUES (?, {', '.join('?' * len(_ITERATION_COLUMNS))}, ?)",
+                    (episode, *(getattr(iteration, c) for c in _ITERATION_COLUMNS), time.time()),
+                )
+
+    def end_search(self, episode: str, end: SearchEnd, chosen: Sequence[int]) -> None:
+        """The search ended: ``chosen`` (node ids, root first) is the path written as steps."""
+        with self.transaction():
+            self._conn.executemany(
+                "UPDATE search_nodes SET chosen=1 WHERE episode_id=? AND node_id=?",
+                [(episode, n) for n in chosen],
+            )
+            self._conn.execute(
+                "INSERT OR REPLACE INTO search_ends(episode_id, best_node, won, reason, created_at)"
+                " VALUES (?,?,?,?,?)",
+                (episode, end.best_node, int(end.won), end.reason, time.time()),
+            )
 
     # -- model calls and reflections ---------------------------------------------------------
     def add_model_call(self, call: ModelCall) -> None:
@@ -762,6 +1067,15 @@ class RunStore(RunReader):
             (r.task, r.trial, r.episode_id, r.model, r.prompt_hash, r.text, prompt_tokens,
              completion_tokens, time.time()),
         )  # fmt: skip
+
+    def add_reflection_note(self, note: ReflectionNote) -> None:
+        """How the memory item of (task, trial) was made (see ``reflection_notes``)."""
+        cols = [f.name for f in dataclasses.fields(ReflectionNote)]
+        self._conn.execute(
+            f"INSERT OR IGNORE INTO reflection_notes({', '.join(cols)})"
+            f" VALUES ({', '.join('?' * len(cols))})",
+            tuple(getattr(note, c) for c in cols),
+        )
 
     # -- trials and events -------------------------------------------------------------------
     def start_trial(self, trial: int, tasks: Sequence[str]) -> None:

@@ -6,6 +6,13 @@ task is a chain of its own: play, judge (LLM evaluator arm), reflect, play again
 for another's trial to end, so the engine stays busy until the last task is done. This module
 only plans and saves: the agents play, judge and reflect (``agents/``), the engine runs them.
 Everything is read back from the run store, so a resumed run picks up exactly where it stopped.
+
+Safeguards (:class:`Safeguards`, all recorded): a task stops being retried when it used up its
+token or wall-time budget (checked after each failed episode; a ``task_budget`` event), or
+when its trial-k actions repeat an earlier trial's exactly (failure class ``oscillating``; an
+``oscillation`` event). A task still unsolved after its last trial (or stopped as oscillating)
+is re-run once with the escalation model; that run is kept out of the trials (the store's
+``escalations``), so the main curve is unchanged and the report shows it apart.
 """
 
 from __future__ import annotations
@@ -20,9 +27,9 @@ from agents import reflexion
 from agents.episode import Agent, EpisodeSpec, episode_seed
 from agents.llm.base import BackendError, Completion, Request
 from agents.reflexion import ReflexionSettings
-from experiments.engine import Engine, StopRun
-from experiments.store import EpisodeRow, RunStore, episode_id
-from memory.records import EpisodeStatus, Reflection
+from experiments.engine import Engine, ModelClient, StopRun
+from experiments.store import EpisodeRow, RunStore, episode_id, escalation_id
+from memory.records import EpisodeStatus, FailureClass, Reflection, StepKind
 
 log = logging.getLogger("reflexsim.trials")
 
@@ -34,12 +41,31 @@ class Task:
 
 
 @dataclass(frozen=True)
+class Safeguards:
+    """When a task stops being retried, and the escalation run of unsolved tasks."""
+
+    task_max_tokens: int | None = None  # tokens per task across its trials
+    task_max_seconds: float | None = None  # wall time per task across its trials
+    oscillation_stop: bool = False  # stop a task whose trial repeats an earlier trial's actions
+    escalate_model: str | None = None  # re-run unsolved tasks once with this model
+
+
+@dataclass(frozen=True)
+class Escalation:
+    """The escalation run's model: its spec (recorded) and the client that serves it."""
+
+    model: str
+    client: ModelClient
+
+
+@dataclass(frozen=True)
 class TrialPlan:
     """What the trial loop needs beyond the agent: how many trials, and the arm's settings."""
 
     trials: int
     reflexion: ReflexionSettings
     llm_judge: bool = False  # the LLM evaluator arm: judge every finished episode
+    safeguards: Safeguards = Safeguards()
 
 
 class _TaskHalted(Exception):
@@ -56,12 +82,14 @@ class TrialLoop:
         agent: Agent,
         plan: TrialPlan,
         on_task_done: Callable[[Task, bool, int], None] = lambda task, won, trial: None,
+        escalation: Escalation | None = None,
     ) -> None:
         self.store = store
         self.engine = engine
         self.agent = agent
         self.plan = plan
         self.on_task_done = on_task_done
+        self.escalation = escalation
         self._at: dict[str, float] = {}  # each task's current trial (inf when done)
         self._open_trials: set[int] = set()
 
@@ -105,26 +133,82 @@ class TrialLoop:
                 if row.won:
                     self.on_task_done(task, True, trial)
                     return
-                await self._after_episode(task, trial, row)
-                continue
-            if row is not None and row.status == EpisodeStatus.ERROR.value:
-                store.retry_episode(row.episode_id)  # the harness failed, not the agent
-                row = store.episode(row.episode_id)
-            store.join_trial(trial, task.game)
-            spec = self._resumed(row) if row is not None else self._new(task, trial)
-            end = await self.engine.play(spec, self.agent)
-            if end is None:
-                raise _TaskHalted(f"{task.game} trial {trial}: infrastructure error")
-            row = store.episode(spec.episode_id)
-            assert row is not None
-            if end.won:
-                await self._judge(task, trial, row)
-                self.on_task_done(task, True, trial)
+            else:
+                row = await self._play(task, trial, row)
+                if row.won:
+                    await self._judge(task, trial, row)
+                    self.on_task_done(task, True, trial)
+                    return
+            stop = self._stop(task, trial, row)
+            if stop is not None:
+                if stop == FailureClass.OSCILLATING.value:
+                    await self._escalate(task)
+                self.on_task_done(task, False, trial)
                 return
             await self._after_episode(task, trial, row)
+        await self._escalate(task)
         self.on_task_done(task, False, self.plan.trials - 1)
 
-    def _new(self, task: Task, trial: int) -> EpisodeSpec:
+    async def _play(
+        self, task: Task, trial: int, row: EpisodeRow | None, escalate: Escalation | None = None
+    ) -> EpisodeRow:
+        """Play (or continue) one episode of ``task``; its finished row."""
+        store = self.store
+        if row is not None and row.status == EpisodeStatus.ERROR.value:
+            store.retry_episode(row.episode_id)  # the harness failed, not the agent
+            row = store.episode(row.episode_id)
+        if escalate is None:
+            store.join_trial(trial, task.game)
+        spec = self._resumed(row) if row is not None else self._new(task, trial, escalate)
+        end = await self.engine.play(
+            spec, self.agent, model=escalate.client if escalate is not None else None
+        )
+        if end is None:
+            raise _TaskHalted(f"{task.game} trial {trial}: infrastructure error")
+        done = store.episode(spec.episode_id)
+        assert done is not None
+        return done
+
+    def _stop(self, task: Task, trial: int, row: EpisodeRow) -> str | None:
+        """Why a task whose trial ``trial`` failed is not retried: ``oscillating``, ``budget``;
+        None to go on. Each stop is recorded once (resume finds it again)."""
+        store, guards = self.store, self.plan.safeguards
+        if row.failure_class == FailureClass.OSCILLATING:
+            return FailureClass.OSCILLATING.value
+        if guards.oscillation_stop and trial > 0:
+            actions = _actions(store, row.episode_id)
+            for earlier in range(trial):
+                if _actions(store, episode_id(task.game, earlier)) == actions:
+                    verdict = f"trial {trial} repeated trial {earlier}'s {len(actions)} actions"
+                    store.set_failure_class(row.episode_id, FailureClass.OSCILLATING.value, verdict)
+                    store.log_event("oscillation", verdict, row.episode_id)
+                    return FailureClass.OSCILLATING.value
+        if guards.task_max_tokens is None and guards.task_max_seconds is None:
+            return None
+        used = store.task_usage(task.game)
+        over = []
+        if guards.task_max_tokens is not None and used.tokens >= guards.task_max_tokens:
+            over.append(f"{used.tokens} tokens >= {guards.task_max_tokens}")
+        if guards.task_max_seconds is not None and used.seconds >= guards.task_max_seconds:
+            over.append(f"{used.seconds:.1f} s >= {guards.task_max_seconds:g} s")
+        if not over:
+            return None
+        if not any(e.episode_id == row.episode_id for e in store.event_rows("task_budget")):
+            store.log_event("task_budget", "; ".join(over), row.episode_id)
+        return "budget"
+
+    async def _escalate(self, task: Task) -> None:
+        """Re-run an unsolved task once with the escalation model (kept out of the trials)."""
+        if self.escalation is None:
+            return
+        eid = escalation_id(task.game)
+        row = self.store.episode(eid)
+        if row is not None and row.status == EpisodeStatus.DONE.value:
+            return
+        self.store.mark_escalation(eid, task.game, self.escalation.model)
+        await self._play(task, self.plan.trials, row, self.escalation)
+
+    def _new(self, task: Task, trial: int, escalate: Escalation | None = None) -> EpisodeSpec:
         settings = self.plan.reflexion
         reflections: list[Reflection] = []
         if settings.uses_memory:
@@ -140,7 +224,7 @@ class TrialLoop:
             ]
             facts = reflexion.exploration_facts(earlier, task.game)
         return EpisodeSpec(
-            episode_id=episode_id(task.game, trial),
+            episode_id=escalation_id(task.game) if escalate else episode_id(task.game, trial),
             game=task.game,
             task_type=task.task_type,
             trial=trial,
@@ -165,7 +249,8 @@ class TrialLoop:
 
     # -- between trials ---------------------------------------------------------------------------
     async def _after_episode(self, task: Task, trial: int, row: EpisodeRow) -> None:
-        """Judge (LLM evaluator arm) and reflect on a failed episode, unless already done."""
+        """Judge (LLM evaluator arm) and reflect on a failed episode, unless already done
+        (``epm``: keep its trimmed trajectory instead)."""
         row = await self._judge(task, trial, row)
         settings = self.plan.reflexion
         if not settings.uses_memory or trial >= self.plan.trials - 1:
@@ -174,19 +259,28 @@ class TrialLoop:
             return  # the self-evaluation arm reflects only when its judge saw a failure
         if any(r.trial == trial for r in self.store.reflections(task.game)):
             return
+        steps = self.store.steps(row.episode_id)
+        if settings.episodic:
+            item, note = reflexion.episodic_memory(
+                settings, task=task.game, trial=trial, episode_id=row.episode_id, steps=steps
+            )
+            self.store.add_reflection_note(note)
+            self.store.add_reflection(item)
+            return
         try:
-            reflection, prompt_tokens, completion_tokens = await reflexion.reflect(
+            made = await reflexion.reflect(
                 _TaskModel(self.engine, task.game, trial),
                 settings,
                 task=task.game,
                 trial=trial,
                 episode_id=row.episode_id,
                 observation=row.observation,
-                steps=self.store.steps(row.episode_id),
+                steps=steps,
             )
         except BackendError as exc:
             raise _TaskHalted(f"{task.game} trial {trial}: reflection failed: {exc}") from exc
-        self.store.add_reflection(reflection, prompt_tokens, completion_tokens)
+        self.store.add_reflection_note(made.note)
+        self.store.add_reflection(made.reflection, made.prompt_tokens, made.completion_tokens)
 
     async def _judge(self, task: Task, trial: int, row: EpisodeRow) -> EpisodeRow:
         if not self.plan.llm_judge or row.judge_verdict is not None:
@@ -220,6 +314,10 @@ class TrialLoop:
             if k < lowest:
                 self.store.finish_trial(k)
                 self._open_trials.discard(k)
+
+
+def _actions(store: RunStore, episode: str) -> list[str]:
+    return [s.action for s in store.steps(episode) if s.kind == StepKind.ACT]
 
 
 class _TaskModel:

@@ -32,6 +32,7 @@ class FailureClass(StrEnum):
     INVALID_ACTIONS = "invalid_actions"  # mostly inadmissible or unparseable actions
     INFRA_ERROR = "infra_error"  # the harness, not the agent
     OTHER = "other"
+    OSCILLATING = "oscillating"  # repeated an earlier trial's actions exactly: not retried
 
 
 class _Record:
@@ -134,3 +135,81 @@ class Episode(_Record):
         data = dict(data)
         data["steps"] = tuple(Step.from_dict(s) for s in data.get("steps", ()))
         return super().from_dict(data)
+
+
+@dataclass(frozen=True)
+class SearchNode(_Record):
+    """One node of a search tree: the state after ``action`` (the root: the first observation).
+
+    ``observation`` is None until the node is executed (search agents execute lazily). ``value``
+    is the value function's estimate; ``visits`` and ``total`` are the back-propagated rewards.
+    """
+
+    node_id: int
+    parent_id: int | None
+    depth: int
+    kind: str  # a StepKind value ("" for the root)
+    raw_output: str
+    action: str
+    observation: str | None = None
+    admissible: bool = True
+    value: float = 0.0
+    visits: int = 0
+    total: float = 0.0
+    samples: int = 1  # how many of the expansion's samples proposed this action
+    terminal: bool = False
+    won: bool = False
+    chosen: bool = False  # on the path written as the episode's steps
+    reflection: str | None = None  # written after a failed rollout that ended here
+    iteration: int = 0  # the iteration that created it
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class SearchIteration(_Record):
+    """One iteration of a tree search and what it cost (replays are the restores' env steps)."""
+
+    iteration: int
+    selected: int  # the node the selection reached
+    leaf: int  # the last node of the rollout
+    reward: float
+    env_steps: int = 0  # actions stepped for the first time
+    replay_steps: int = 0  # actions re-simulated to restore a node
+    resets: int = 0
+    nodes_added: int = 0
+    tokens: int = 0
+    backtrack: bool = False  # the selection left the previous iteration's path
+    elapsed_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class SearchEnd(_Record):
+    """How a search ended: the node whose path became the episode's steps, and why."""
+
+    best_node: int
+    won: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class SearchTree:
+    """A stored search: its nodes (by id order), iterations, and its end once it ended."""
+
+    nodes: tuple[SearchNode, ...]
+    iterations: tuple[SearchIteration, ...]
+    end: SearchEnd | None = None
+
+
+@dataclass(frozen=True)
+class ReflectionNote(_Record):
+    """How a memory item was made: its format, whether the length cap cut it, and (critique)
+    why its JSON was refused when the free text was kept instead."""
+
+    task: str
+    trial: int
+    format: str  # free | critique | epm
+    chars: int  # of the text kept
+    truncated_from: int | None = None  # the length before the cap, when it cut the text
+    parse_error: str | None = None
+    raw: str = ""  # the model's text, untrusted

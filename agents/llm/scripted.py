@@ -20,6 +20,22 @@ the action (`` go to desk 1``); the actor parses the first line.
 - ``scripted:replay:<run dir>`` serves the outputs recorded in ``<run dir>/run.sqlite`` for
   (``side["game"]``, ``side["trial"]``, ``side["step"]``); reflections by (game, trial). See
   :func:`recorded_output` for the queries. A request with nothing recorded is a BackendError.
+- ``scripted:replanner`` executes the latest plan in its transcript (the last ``think: Plan:``
+  or ``think: Revised plan ...`` entry of ``side["history"]``: the plan's next action after the
+  actions taken since it; ``look`` past its end). Its first plan fails: the walkthrough's first
+  action, then an action the game refuses, three times, and nothing more; a replan
+  (``side["replan"]``) is the rest of the walkthrough.
+- ``scripted:deadend`` proposes, at the first step, a dead end first (a ``go to`` elsewhere than
+  the walkthrough's first action; the majority of ``n`` samples), and the walkthrough action in
+  the other samples; inside the dead end it repeats ``look``; elsewhere it plays the expert.
+
+Plans (``purpose="plan"``): the expert's, the learner's and the random policy's plan is the
+walkthrough, numbered; a replan is the part of it not yet done (walkthrough actions matched in
+order by the history). Values (``purpose="value"``): the expert rates ``side["candidate"]`` 10
+when it is the walkthrough's next action, else 2; other policies say 5. Reflections in the
+``critique`` format (``side["format"]``): the expert writes the JSON; the others write free text.
+``config.n`` samples: the first is the answer, the others ``alternatives``; the random policy
+draws each from the admissible commands, seeded also by the history and the sample's number.
 
 Grounded decoding (``Request.constraint``): a policy picks from ``constraint.actions``.
 ``random`` draws from them (instead of ``side["admissible"]``, same seeding); ``expert`` and
@@ -33,6 +49,7 @@ Token counts are words and punctuation marks of the prompt and answer (no tokeni
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 import sqlite3
 import threading
@@ -45,11 +62,13 @@ from agents.llm.base import ActionConstraint, BackendError, Completion, Request,
 from agents.llm.common import rough_token_count, truncate_at_stop
 from agents.markers import MEMORY_MARKER
 
+REFUSED_ACTION = "examine the ceiling"  # not a command of any game: "Nothing happens."
 EXPERT_THOUGHT = (
     "think: To solve the task, I need to find the object, act on it as the task says, "
     "and then put it in place."
 )
 FALLBACK_ACTION = "look"
+POLICIES = ("expert", "random", "learner", "replanner", "deadend", "replay")
 LEARNER_REPEAT = "look"
 
 
@@ -76,15 +95,73 @@ def expert_action(side: dict[str, Any] | Any) -> str:
 
 
 def random_action(
-    side: dict[str, Any] | Any, seed: int | None, admissible: Sequence[str] | None = None
+    side: dict[str, Any] | Any,
+    seed: int | None,
+    sample: int | None = None,
+    admissible: Sequence[str] | None = None,
 ) -> str:
-    """A seeded pick from ``admissible`` (default ``side["admissible"]``)."""
+    """A seeded uniform choice among ``admissible`` (default ``side["admissible"]``); the
+    ``sample``-th of ``n`` is also keyed by the history, so two states at one depth draw
+    differently."""
     admissible = list(side.get("admissible") or []) if admissible is None else list(admissible)
     if not admissible:
         return FALLBACK_ACTION
     key = f"{seed}|{side.get('game')}|{side.get('trial')}|{side.get('step')}"
+    if sample is not None:
+        key += f"|{'|'.join(side.get('history') or [])}|{sample}"
     rng = random.Random(int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big"))
     return str(rng.choice(admissible))
+
+
+def walkthrough_progress(walkthrough: Sequence[str], history: Sequence[str]) -> int:
+    """How many walkthrough actions the history took, in order."""
+    done = 0
+    for action in _acts(history):
+        if done < len(walkthrough) and action == walkthrough[done].strip():
+            done += 1
+    return done
+
+
+def numbered(actions: Sequence[str]) -> str:
+    return "\n".join(f"{i}. {a}" for i, a in enumerate(actions, 1)) or "1. look"
+
+
+def plan_answer(policy: str, side: Any, walkthrough: list[str] | None) -> str:
+    """The plan a scripted policy writes (module docstring)."""
+    wt = list(walkthrough or [])
+    if side.get("replan"):
+        return numbered(wt[walkthrough_progress(wt, side.get("history") or []) :])
+    if policy == "replanner":
+        return numbered([*wt[:1], REFUSED_ACTION, REFUSED_ACTION, REFUSED_ACTION])
+    return numbered(wt)
+
+
+def follow_plan(history: Sequence[str]) -> str:
+    """The next action of the latest plan in the history (``look`` past its end)."""
+    from agents.plan_execute import plan_items
+
+    for i in range(len(history) - 1, -1, -1):
+        items = plan_items(history[i].strip())
+        if items or history[i].strip().lower().startswith("think: plan"):
+            done = len(_acts(history[i + 1 :]))
+            return items[done] if done < len(items) else FALLBACK_ACTION
+    return FALLBACK_ACTION
+
+
+def deadend_action(side: Any, sample: int, n: int) -> str:
+    """The dead-end proposer's ``sample``-th of ``n`` samples (module docstring)."""
+    wt = list(side.get("walkthrough") or [])
+    acts = _acts(side.get("history") or [])
+    trap = next(
+        (a for a in side.get("admissible") or [] if a.startswith("go to ") and wt and a != wt[0]),
+        FALLBACK_ACTION,
+    )
+    if not acts:
+        return trap if sample < n // 2 + 1 else (wt[0] if wt else FALLBACK_ACTION)
+    if not wt or acts[0] != wt[0].strip():
+        return LEARNER_REPEAT  # in the dead end
+    done = len(acts)
+    return wt[done] if done < len(wt) else FALLBACK_ACTION
 
 
 def plan_text(walkthrough: Sequence[str] | None) -> str:
@@ -98,6 +175,20 @@ def plan_text(walkthrough: Sequence[str] | None) -> str:
     more = " and so on" if len(walkthrough) > 6 else ""
     return (
         f"I repeated the same action instead of acting on the task. Next time I will {steps}{more}."
+    )
+
+
+def critique_json(walkthrough: Sequence[str] | None, history: Sequence[str]) -> str:
+    """The expert's critique: the walkthrough actions not taken, the actions taken that are
+    not in it, and the plan."""
+    wt = [w.strip() for w in walkthrough or []]
+    acts = _acts(history)
+    return json.dumps(
+        {
+            "missing": [w for w in wt if w not in acts],
+            "superfluous": sorted({a for a in acts if a not in wt}),
+            "plan": plan_text(wt),
+        }
     )
 
 
@@ -152,9 +243,10 @@ class ScriptedBackend:
 
     def __init__(self, policy: str, *, name: str | None = None, arm: str | None = None) -> None:
         kind, _, arg = policy.partition(":")
-        if kind not in ("expert", "random", "learner", "replay"):
+        if kind not in POLICIES:
             raise SpecError(
-                f"unknown scripted policy {kind!r}; choose expert, random, learner, replay:<dir>"
+                f"unknown scripted policy {kind!r}; choose one of {', '.join(POLICIES[:-1])},"
+                " replay:<dir>"
             )
         self.policy = kind
         self.name = name or f"scripted:{policy}"
@@ -187,20 +279,23 @@ class ScriptedBackend:
         game = side.get("game")
         if game is not None and side.get("walkthrough"):
             self._walkthroughs[str(game)] = list(side["walkthrough"])
-        text = self._answer(request)
+        n = request.config.n if request.purpose == "act" else 1
+        texts = [self._answer(request, k, n) for k in range(n)]
         grounded = request.purpose == "act" and self.policy != "replay"
-        if grounded and request.constraint is not None:
-            text = request.constraint.lead + _pick(text, request.constraint)
-        elif grounded and not text.startswith(" "):
-            text = " " + text  # what a model writes after the prompt's final ">"
-        text, _ = truncate_at_stop(text, request.config.stop)
+        for i, text in enumerate(texts):
+            if grounded and request.constraint is not None:
+                text = request.constraint.lead + _pick(text, request.constraint)
+            elif grounded and not text.startswith(" "):
+                text = " " + text  # what a model writes after the prompt's final ">"
+            texts[i], _ = truncate_at_stop(text, request.config.stop)
         prompt = _prompt_text(request)
         return Completion(
-            text=text,
+            text=texts[0],
             finish_reason="stop",
             prompt_tokens=rough_token_count(prompt),
-            completion_tokens=rough_token_count(text),
+            completion_tokens=sum(rough_token_count(t) for t in texts),
             sent={"policy": self.name},
+            alternatives=tuple(texts[1:]),
         )
 
     def _walkthrough(self, side: Any) -> list[str] | None:
@@ -209,13 +304,24 @@ class ScriptedBackend:
             return list(wt)
         return self._walkthroughs.get(str(side.get("game")))
 
-    def _answer(self, request: Request) -> str:
+    def _answer(self, request: Request, sample: int = 0, n: int = 1) -> str:
         side = request.side
         if self.policy == "replay":
             return self._replay(request)
+        if request.purpose == "plan":
+            return plan_answer(self.policy, side, self._walkthrough(side))
+        if request.purpose == "value":
+            if self.policy != "expert":
+                return "5"
+            path = self._walkthrough(side) or []
+            done = len(_acts(side.get("history") or []))
+            best = path[done].strip() if done < len(path) else None
+            return "10" if side.get("candidate") == best else "2"
         if request.purpose == "reflect":
             if self.policy == "random":
                 return "I acted at random. Next time I will plan before acting."
+            if side.get("format") == "critique" and self.policy == "expert":
+                return critique_json(self._walkthrough(side), side.get("history") or [])
             return plan_text(self._walkthrough(side))
         if request.purpose == "judge":
             wt = self._walkthrough(side)
@@ -225,9 +331,13 @@ class ScriptedBackend:
             return "FAILURE: the actions do not match the walkthrough."
         if self.policy == "random":
             actions = request.constraint.actions if request.constraint is not None else None
-            return random_action(side, request.config.seed, actions or None)
+            return random_action(side, request.config.seed, sample if n > 1 else None, actions or None)
         if self.policy == "learner" and MEMORY_MARKER not in _prompt_text(request):
             return LEARNER_REPEAT
+        if self.policy == "replanner":
+            return follow_plan(side.get("history") or [])
+        if self.policy == "deadend":
+            return deadend_action(side, sample, n)
         return expert_action(side)
 
     def _replay(self, request: Request) -> str:

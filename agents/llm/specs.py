@@ -9,7 +9,8 @@
 ``llamacpp:<path.gguf>``                llama.cpp in process
 ``embedded[:gemma3-270m|smollm2-135m]`` llama.cpp with a GGUF installed from PyPI (default
                                         gemma3-270m): works after ``pip install`` alone
-``scripted:<policy>``                   no model: expert, random, learner, replay:<run dir>
+``scripted:<policy>``                   no model: expert, random, learner, replanner, deadend,
+                                        replay:<run dir>
 =====================================  ===================================================
 
 Options (``base_url=``, ``concurrency=``, ...) are keyword arguments of :func:`make_backend`;
@@ -38,7 +39,9 @@ PREFIXES: tuple[str, ...] = (
 )
 EMBEDDED_MODELS: tuple[str, ...] = ("gemma3-270m", "smollm2-135m")
 DEFAULT_EMBEDDED = "gemma3-270m"
-SCRIPTED_POLICIES: tuple[str, ...] = ("expert", "random", "learner", "replay")
+SCRIPTED_POLICIES: tuple[str, ...] = (
+    "expert", "random", "learner", "replanner", "deadend", "replay",
+)  # fmt: skip
 
 _USAGE = (
     "valid specs: vllm:<model>, openai:<model>, anthropic:<model>, hf:<model>, "
@@ -82,7 +85,7 @@ def parse_spec(spec: str) -> ModelSpec:
         if policy not in SCRIPTED_POLICIES:
             raise SpecError(
                 f"unknown scripted policy {policy!r}; choose one of "
-                "expert, random, learner, replay:<run dir>"
+                "expert, random, learner, replanner, deadend, replay:<run dir>"
             )
         if policy == "replay" and not rest:
             raise SpecError("scripted:replay needs a run directory: scripted:replay:<run dir>")

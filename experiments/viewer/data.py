@@ -10,7 +10,7 @@ from typing import Any
 from agents.prompting import transcript_action
 from agents.react import prompt_at
 from experiments.store import EpisodeRow, RunReader, StepCounts
-from memory.records import Step
+from memory.records import SearchTree, Step
 
 
 def step_prompt(episode: EpisodeRow, steps: Sequence[Step], index: int) -> str:
@@ -106,6 +106,29 @@ def episode_detail(reader: RunReader, episode: EpisodeRow, steps: Sequence[Step]
             {**s.to_dict(), "kind": str(s.kind), "transcript_action": transcript_action(s)}
             for s in steps
         ],
+        "tree": tree_view(reader.search_tree(episode.episode_id)),
+    }
+
+
+def tree_view(tree: SearchTree | None) -> dict[str, Any] | None:
+    """A searched episode's tree: its nodes (with mean reward), iterations and end; the nodes
+    each backtracking iteration selected are flagged ``backtrack``."""
+    if tree is None:
+        return None
+    backtracks = {it.selected for it in tree.iterations if it.backtrack}
+    nodes = [
+        {
+            **n.to_dict(),
+            "mean": n.total / n.visits if n.visits else None,
+            "executed": n.observation is not None,
+            "backtrack": n.node_id in backtracks,
+        }
+        for n in tree.nodes
+    ]
+    return {
+        "nodes": nodes,
+        "iterations": [it.to_dict() for it in tree.iterations],
+        "end": tree.end.to_dict() if tree.end else None,
     }
 
 

@@ -221,7 +221,7 @@
   }
   function plots() {
     const images = [];
-    for (const [name, alt] of [["learning_curve", "learning curve"], ["failures", "failure classes per trial"]]) {
+    for (const [name, alt] of [["learning_curve", "learning curve"], ["failures", "failure classes per trial"], ["compute", "success at equal compute"]]) {
       const src = state.data.plots && state.data.plots[name];
       if (typeof src === "string" && src.startsWith("data:image/png;base64,")) {
         images.push(h("img", { src, alt, class: "plot", testid: "plot-" + name }));
@@ -519,6 +519,7 @@
         h("pre", { class: "observation", testid: "first-observation", text: detail.observation }),
         h("h3", { text: `Steps (${detail.steps.length})` }),
         stepsTable(run, detail),
+        detail.tree ? searchTree(detail.tree) : null,
       ),
     );
     const open = stepIndex !== null ? stepIndex : state.openStep;
@@ -527,6 +528,72 @@
       if (row) row.click();
     }
     return detail;
+  }
+
+  // -- search tree (LATS) ------------------------------------------------------------------
+  function num(x, digits) {
+    return x === null || x === undefined ? "–" : Number(x).toFixed(digits);
+  }
+  function treeNodeLabel(node, hidden) {
+    const classes = ["tree-node"];
+    if (node.chosen) classes.push("chosen");
+    if (node.won) classes.push("won");
+    else if (node.terminal) classes.push("dead-end");
+    const what = node.parent_id === null ? "(start)" : node.kind === "invalid" ? "(unparseable output)" : node.action;
+    return h(
+      "div",
+      { class: classes.join(" "), testid: "tree-node", "data-node": node.node_id, "data-chosen": node.chosen ? "1" : "0" },
+      h("span", { class: "node-action model-text", text: what }),
+      h("span", { class: "node-stats", text: ` · value ${num(node.value, 2)} · visits ${node.visits} · mean ${num(node.mean, 2)}` + (node.samples > 1 ? ` · ${node.samples} samples` : "") }),
+      node.won ? h("span", { class: "node-tag won", text: " ✓ won" }) : null,
+      !node.won && node.terminal ? h("span", { class: "node-tag failed", text: " ✗ dead end" }) : null,
+      node.backtrack ? h("span", { class: "node-tag backtrack", testid: "backtrack", text: " ↩ backtracked here" }) : null,
+      hidden ? h("span", { class: "muted", text: ` · ${hidden} candidate(s) never executed` }) : null,
+      node.executed && node.parent_id !== null ? h("div", { class: "node-obs", text: node.observation }) : null,
+      node.reflection ? h("div", { class: "node-reflection model-text", testid: "node-reflection", text: "reflection: " + node.reflection }) : null,
+    );
+  }
+  function searchTree(tree) {
+    const children = new Map();
+    for (const node of tree.nodes) {
+      const key = node.parent_id === null ? "root" : String(node.parent_id);
+      if (!children.has(key)) children.set(key, []);
+      children.get(key).push(node);
+    }
+    const build = (node) => {
+      const kids = children.get(String(node.node_id)) || [];
+      const shown = kids.filter((k) => k.executed);
+      return h(
+        "li",
+        null,
+        treeNodeLabel(node, kids.length - shown.length),
+        shown.length ? h("ul", null, shown.map(build)) : null,
+      );
+    };
+    const roots = children.get("root") || [];
+    const its = tree.iterations;
+    const backtracks = its.filter((i) => i.backtrack).length;
+    const env = its.reduce((a, i) => a + i.env_steps, 0);
+    const replays = its.reduce((a, i) => a + i.replay_steps, 0);
+    return h(
+      "section",
+      { class: "search-tree", testid: "tree" },
+      h("h3", { text: "Search tree" }),
+      h(
+        "p",
+        { testid: "tree-summary" },
+        `${tree.nodes.length} nodes, ${its.length} iteration(s), ${backtracks} backtrack(s); ` +
+          `env steps ${env + replays} (${replays} replayed to restore nodes)` +
+          (tree.end ? `; ended: ${tree.end.reason}` : "; still searching"),
+      ),
+      h("p", { class: "muted", text: "The chosen path (written as the episode's steps) is highlighted." }),
+      h("ul", { class: "tree" }, roots.map(build)),
+      table(
+        ["iteration", "selected", "leaf", "reward", "env steps", "replayed", "backtrack"],
+        its.map((i) => [String(i.iteration), String(i.selected), String(i.leaf), num(i.reward, 2), String(i.env_steps), String(i.replay_steps), i.backtrack ? "yes" : ""]),
+        "iterations-table",
+      ),
+    );
   }
 
   // -- side by side ------------------------------------------------------------------------

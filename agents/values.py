@@ -1,0 +1,244 @@
+"""Value functions of the tree search: how promising each candidate next action is, in [0, 1].
+
+Each scores the candidates of one expansion from the node's state (its path so far and the
+env's last reply) before any of them is executed: the search executes a child only when it
+selects it, because restoring a node costs a reset and a replay of its path.
+
+- ``llm``: the model's self-evaluation, 1-10, of the path and the proposed action (one
+  ``purpose="value"`` request per candidate; unparseable answers score 0.5).
+- ``sc``: self-consistency: the share of the expansion's samples that proposed the action.
+- ``heuristic``: no model. Unparseable output and commands that are not admissible (the game
+  answers them "Nothing happens.") are penalised, as are actions the path already took;
+  actions that can reveal new facts (going somewhere not yet visited, opening something not yet
+  opened) are rewarded.
+- ``oracle``: privileged, for upper-bound experiments and model-free tests, never a default.
+  The distance to the goal from the game's walkthrough (``info["walkthrough"]``, a plan from the
+  initial state): walking the path, successful actions that match the next walkthrough action
+  advance along it; moves, looks, examines, and opening or closing receptacles the rest of the
+  walkthrough does not use change nothing; any other successful action leaves the set of states
+  the walkthrough still solves (value 0). The distance is the walkthrough's remaining length,
+  plus one ``go to`` when the agent is not where the next walkthrough action must happen; a
+  distance beyond the remaining step budget scores 0. Success is predicted from the admissible
+  commands, which is exact for ALFWorld's engine. Without a walkthrough every candidate scores
+  0.5.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from agents.episode import EnvReply, ModelPort
+from agents.llm.base import GenerationConfig, Request
+from agents.prompting import render_transcript, template, transcript_pairs
+from memory.records import Step, StepKind
+
+log = logging.getLogger("agents.values")
+
+VALUES = ("llm", "sc", "heuristic", "oracle")
+NOTHING_HAPPENS = "Nothing happens."
+_NUMBER = re.compile(r"\d+")
+_STILL = ("look", "inventory", "examine")
+_RECEPTACLE_VERBS = ("open", "close")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One distinct next action of an expansion (duplicates merged after parsing)."""
+
+    kind: str  # a StepKind value
+    action: str  # what would be executed ("" for unparseable output)
+    raw: str  # the first sample's text
+    samples: int = 1  # how many samples proposed it
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """What a value function sees of the node being expanded."""
+
+    observation: str  # the episode's first observation
+    steps: tuple[Step, ...]  # the path from the root
+    state: EnvReply  # the env's reply at the node (admissible commands, info)
+    max_steps: int
+    game: str = ""
+    trial: int = 0
+    seed: int | None = 0
+    side: Mapping[str, Any] = field(default_factory=dict)
+
+
+class ValueFunction(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    async def score(
+        self, model: ModelPort, node: NodeView, candidates: Sequence[Candidate]
+    ) -> list[float]:
+        """One value in [0, 1] per candidate, in order."""
+        ...
+
+
+@dataclass(frozen=True)
+class SelfConsistency:
+    name: str = "sc"
+
+    async def score(
+        self, model: ModelPort, node: NodeView, candidates: Sequence[Candidate]
+    ) -> list[float]:
+        total = sum(c.samples for c in candidates) or 1
+        return [c.samples / total for c in candidates]
+
+
+@dataclass(frozen=True)
+class LlmValue:
+    max_tokens: int = 4
+    name: str = "llm"
+
+    async def score(
+        self, model: ModelPort, node: NodeView, candidates: Sequence[Candidate]
+    ) -> list[float]:
+        return list(await asyncio.gather(*(self._one(model, node, c) for c in candidates)))
+
+    async def _one(self, model: ModelPort, node: NodeView, candidate: Candidate) -> float:
+        if candidate.kind == StepKind.INVALID:
+            return 0.0
+        history = transcript_pairs(node.steps)
+        prompt = template("value").format(
+            transcript=render_transcript(node.observation, history), action=candidate.action
+        )
+        request = Request(
+            config=GenerationConfig(
+                temperature=0.0, max_tokens=self.max_tokens, stop=("\n",), seed=node.seed
+            ),
+            prompt=prompt,
+            purpose="value",
+            side={**node.side, "candidate": candidate.action},
+        )
+        completion = await model.generate(request)
+        return parse_rating(completion.text)
+
+
+def parse_rating(text: str) -> float:
+    """A 1-10 rating as a value in [0, 1]; 0.5 when the text holds none."""
+    m = _NUMBER.search(text)
+    if m is None:
+        return 0.5
+    rating = min(max(int(m.group()), 1), 10)
+    return (rating - 1) / 9
+
+
+@dataclass(frozen=True)
+class Heuristic:
+    name: str = "heuristic"
+
+    async def score(
+        self, model: ModelPort, node: NodeView, candidates: Sequence[Candidate]
+    ) -> list[float]:
+        return [self.one(node, c) for c in candidates]
+
+    def one(self, node: NodeView, c: Candidate) -> float:
+        if c.kind == StepKind.INVALID:
+            return 0.0
+        if c.kind == StepKind.THINK:
+            return 0.3
+        if c.action not in node.state.admissible:
+            return 0.05  # the game answers "Nothing happens."
+        taken = {s.action for s in node.steps if s.kind == StepKind.ACT}
+        if c.action in taken:
+            return 0.15
+        verb, target = _verb(c.action)
+        seen = node.observation + "".join(s.observation for s in node.steps)
+        if verb == "go" and f"arrive at {target}" not in seen:
+            return 0.8
+        if verb == "open":
+            return 0.8
+        if verb in _STILL:
+            return 0.3
+        return 0.6
+
+
+@dataclass(frozen=True)
+class Oracle:
+    name: str = "oracle"
+
+    async def score(
+        self, model: ModelPort, node: NodeView, candidates: Sequence[Candidate]
+    ) -> list[float]:
+        walkthrough = node.state.info.get("walkthrough")
+        if not walkthrough:
+            log.warning("oracle value: game %s has no walkthrough; every candidate scores 0.5",
+                        node.game)  # fmt: skip
+            return [0.5 for _ in candidates]
+        wt = [str(a) for a in walkthrough]
+        path = [
+            (s.action, s.observation != NOTHING_HAPPENS)
+            for s in node.steps
+            if s.kind == StepKind.ACT
+        ]
+        depth = len(node.steps) + 1
+        out = []
+        for c in candidates:
+            acts = path
+            if c.kind == StepKind.ACT:
+                acts = [*path, (c.action, c.action in node.state.admissible)]
+            distance = oracle_distance(wt, acts)
+            if distance is None or distance > node.max_steps - depth:
+                out.append(0.0)
+            else:
+                out.append(1.0 - distance / (len(wt) + 1))
+        return out
+
+
+def _verb(action: str) -> tuple[str, str]:
+    """('go', 'desk 1') for 'go to desk 1'; (first word, the words after it) otherwise."""
+    words = action.split()
+    if not words:
+        return "", ""
+    if words[0] == "go" and len(words) > 1 and words[1] == "to":
+        return "go", " ".join(words[2:])
+    return words[0], " ".join(words[1:])
+
+
+def oracle_distance(walkthrough: Sequence[str], path: Sequence[tuple[str, bool]]) -> int | None:
+    """Actions from the end of ``path`` (``(action, succeeded)`` pairs) to the goal, along the
+    walkthrough; None when the path left the states the walkthrough solves (module docstring)."""
+    j = 0
+    location: str | None = None
+    for action, succeeded in path:
+        if not succeeded:
+            continue  # "Nothing happens.": no change
+        verb, target = _verb(action)
+        if j < len(walkthrough) and action == walkthrough[j]:
+            j += 1
+        elif verb in _STILL:
+            continue
+        elif verb in _RECEPTACLE_VERBS and not any(target in w for w in walkthrough[j:]):
+            continue
+        elif verb != "go":
+            return None
+        if verb == "go":
+            location = target
+    if j == len(walkthrough):
+        return 0
+    repair = 0
+    if _verb(walkthrough[j])[0] != "go":
+        needed = next((_verb(w)[1] for w in reversed(walkthrough[:j]) if _verb(w)[0] == "go"),
+                      None)  # fmt: skip
+        repair = int(needed is not None and needed != location)
+    return len(walkthrough) - j + repair
+
+
+def make_value(name: str) -> ValueFunction:
+    """A value function by name (``llm``, ``sc``, ``heuristic``, ``oracle``)."""
+    if name == "llm":
+        return LlmValue()
+    if name == "sc":
+        return SelfConsistency()
+    if name == "heuristic":
+        return Heuristic()
+    if name == "oracle":
+        return Oracle()
+    raise ValueError(f"unknown value function {name!r}: use one of {', '.join(VALUES)}")
