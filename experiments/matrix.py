@@ -244,14 +244,9 @@ def plan_job(cfg: RunConfig, needs_data: bool = False) -> dict[str, Any]:
         out = estimated_plan(cfg, n)
         out["games_note"] = note
     if cfg.server.serve:
-        from experiments.serve import DEFAULT_COMMAND, HOST, served_model, server_argv
+        from experiments.serve import HOST, serve_template, served_model, server_argv
 
-        words = server_argv(
-            cfg.server.serve_command or DEFAULT_COMMAND,
-            served_model(cfg),
-            HOST,
-            cfg.server.serve_port,
-        )
+        words = server_argv(serve_template(cfg), served_model(cfg), HOST, cfg.server.serve_port)
         out["serve"] = {
             "command": shlex.join(words),
             "url": f"http://{HOST}:{cfg.server.serve_port}/v1",
@@ -432,6 +427,9 @@ def run_matrix(
     root.mkdir(parents=True, exist_ok=True)
     state["flags"] = {k: v for k, v in dict(flags).items() if k != "run_dir"}
     start = time.time()
+    on_ray = _ray_address(preset, flags)
+    if on_ray:
+        root = root.resolve()  # every node must find it at the same path
     configs = [(job, job_config(preset, job, flags, root, start)) for job in preset.jobs]
     if preset.needs_data:
         if not all(data_root(cfg) or cfg.gameset.env != "alfworld" for _, cfg in configs):
@@ -445,9 +443,59 @@ def run_matrix(
     from experiments.serve import stop_server_on_signals
 
     with stop_server_on_signals():
-        _run_jobs(preset, configs, root, state, results, _Servers(root), start, force)
+        if on_ray:
+            from experiments.cluster import run_jobs
+
+            state["ray"] = on_ray
+            run_jobs(
+                preset.name,
+                [(job.name, cfg) for job, cfg in _own_ports(configs)],
+                root,
+                results,
+                lambda: _write_state(root, state),
+                lambda cfg: parse_deadline(cfg.budget.deadline, start),
+                force,
+            )
+        else:
+            _run_jobs(preset, configs, root, state, results, _Servers(root), start, force)
     report = _report(root, preset, results, state)
     return MatrixResult(root, results, report)
+
+
+def play_job(cfg: RunConfig, force: bool, servers: _Servers | None = None) -> dict[str, Any]:
+    """Play one job to its end, resuming it if it was started (``servers``: share a server with
+    the previous job). Returns the fields of its record; its own errors are recorded, not
+    raised (KeyboardInterrupt is)."""
+    from experiments.runner import run
+
+    job_dir = Path(str(cfg.execution.run_dir))
+    out: dict[str, Any] = {"started_at": time.time()}
+    resume = str(job_dir) if job_status(job_dir) == "unfinished" else None
+    try:
+        if cfg.server.serve:
+            from experiments.runner import select_games
+            from experiments.serve import run_served
+
+            select_games(cfg)  # bad games fail before a long server start
+            server = servers.get(cfg, job_dir) if servers is not None else None
+            out["server_log"] = str(server.settings.log_path if server else job_dir / "server.log")
+            run_served(cfg, resume=resume, force=force, server=server)
+        else:
+            if servers is not None:
+                servers.close()
+            run(cfg, resume=resume, force=force)
+    except Exception as exc:  # noqa: BLE001 - recorded; the next job still runs
+        out.update(
+            status="failed",
+            error=f"{type(exc).__name__}: {exc}".splitlines()[0][:2000],
+            traceback=traceback.format_exc()[-8000:],
+            finished_at=time.time(),
+        )
+        return out
+    out["status"] = "complete" if job_status(job_dir) == "complete" else "stopped"
+    out["finished_at"] = time.time()
+    out["wall_s"] = round(out["finished_at"] - out["started_at"], 2)
+    return out
 
 
 def _run_jobs(
@@ -460,8 +508,6 @@ def _run_jobs(
     start: float,
     force: bool,
 ) -> None:
-    from experiments.runner import run
-
     try:
         for job, cfg in configs:
             job_dir = Path(str(cfg.execution.run_dir))
@@ -480,41 +526,36 @@ def _run_jobs(
             record.pop("traceback", None)
             _write_state(root, state)
             _say(f"matrix {preset.name}: job {job.name} ({cfg.models.model}, {cfg.protocol.agent})")
-            job_resume = str(job_dir) if status == "unfinished" else None
             try:
-                if cfg.server.serve:
-                    from experiments.runner import select_games
-                    from experiments.serve import run_served
-
-                    select_games(cfg)  # bad games fail before a long server start
-                    server = servers.get(cfg, job_dir)
-                    record["server_log"] = str(server.settings.log_path)
-                    run_served(cfg, resume=job_resume, force=force, server=server)
-                else:
-                    servers.close()
-                    run(cfg, resume=job_resume, force=force)
+                record.update(play_job(cfg, force, servers))
             except KeyboardInterrupt:
                 record.update(status="interrupted", finished_at=time.time())
                 raise
-            except Exception as exc:  # noqa: BLE001 - recorded; the next job still runs
-                record.update(
-                    status="failed",
-                    error=f"{type(exc).__name__}: {exc}".splitlines()[0][:2000],
-                    traceback=traceback.format_exc()[-8000:],
-                    finished_at=time.time(),
-                )
-                _say(f"matrix {preset.name}: job {job.name} failed: {record['error']}")
-                continue
             finally:
                 _write_state(root, state)
-            done = job_status(job_dir)
-            record.update(status="complete" if done == "complete" else "stopped")
-            record["finished_at"] = time.time()
-            record["wall_s"] = round(record["finished_at"] - record["started_at"], 2)
-            _write_state(root, state)
+            if record["status"] == "failed":
+                _say(f"matrix {preset.name}: job {job.name} failed: {record['error']}")
     finally:
         servers.close()
         _write_state(root, state)
+
+
+def _ray_address(preset: Preset, flags: Mapping[str, Any]) -> str | None:
+    """The Ray cluster the matrix runs on (``--ray``, or the preset's ``ray:``), or None."""
+    where = f"preset {preset.name}"
+    address = flags.get("ray", flatten(preset.base, where).get("ray"))
+    return str(address) if address else None
+
+
+def _own_ports(configs: list[tuple[Job, RunConfig]]) -> list[tuple[Job, RunConfig]]:
+    """On Ray, served jobs may share a node: each serves on its own port (the preset's port
+    plus the job's index), the same one on every attempt."""
+    out = []
+    for index, (job, cfg) in enumerate(configs):
+        if cfg.server.serve and cfg.cluster.serve_replicas == 1:
+            cfg = cfg.replace(serve_port=cfg.server.serve_port + index)
+        out.append((job, cfg))
+    return out
 
 
 def _report(
