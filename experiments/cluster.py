@@ -115,7 +115,7 @@ def ray_env_pool(cfg: RunConfig, spec: Any, slots: int) -> Any:
     ``--ray`` first when this process is not connected yet (and disconnects when closed)."""
     from envs.ray_pool import RayEnvPool
 
-    address = cfg.cluster.ray
+    address = cfg.cluster.address
     if not address:
         raise ConfigError("--env-workers-on-ray needs --ray ADDRESS (or --ray local)")
     started = connect(address)
@@ -360,7 +360,7 @@ def run_jobs(
     job's record (as in ``matrix.json``), ``save`` writes them."""
     from experiments.matrix import job_status
 
-    address = str(jobs[0][1].cluster.ray)
+    address = str(jobs[0][1].cluster.address)
     with session(address) as ray:
         check_shared_storage(root, ray)
         nodes = _alive_nodes(ray)
@@ -533,7 +533,7 @@ def run_on_replicas(
     from experiments.serve import ServeError, served_config
     from experiments.store import RunStore
 
-    with session(str(cfg.cluster.ray)) as ray:
+    with session(str(cfg.cluster.address)) as ray:
         options = {"num_cpus": 1, **_gpu_options(cfg, model_gpus(cfg))}
         check_fits("serve replica", options, _alive_nodes(ray))
         replica = ray.remote(ReplicaActor).options(

@@ -217,7 +217,7 @@ class ClusterConfig:
         None,
         "a Ray cluster: its address (auto, host:port, ray://host:10001) or local (a private "
         "cluster on this machine); a preset's jobs then run as Ray tasks, in parallel where "
-        "resources allow",
+        "resources allow; off: no Ray (e.g. to resume a Ray matrix on this machine)",
         resumable=True,
     )
     env_workers_on_ray: bool = option(
@@ -261,10 +261,15 @@ class ClusterConfig:
         resumable=True,
     )
 
+    @property
+    def address(self) -> str | None:
+        """The Ray cluster to use, or None (no ``ray``, or ``off``)."""
+        return None if (self.ray or "off").strip().lower() == "off" else self.ray
+
     def __post_init__(self) -> None:
-        if self.env_workers_on_ray and not self.ray:
+        if self.env_workers_on_ray and not self.address:
             raise ConfigError("--env-workers-on-ray needs --ray ADDRESS (or --ray local)")
-        if self.serve_replicas > 1 and not self.ray:
+        if self.serve_replicas > 1 and not self.address:
             raise ConfigError(
                 f"--serve-replicas {self.serve_replicas} starts servers on a Ray cluster: add "
                 "--ray ADDRESS (or --ray local), or give servers you started as a --base-url list"

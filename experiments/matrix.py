@@ -424,12 +424,15 @@ def run_matrix(
             "started_at": time.time(),
             "jobs": {},
         }
+    on_ray = _ray_address(preset, flags)
+    if on_ray:
+        from experiments.cluster import import_ray
+
+        import_ray()  # a missing extra is a one-line error before anything is written
+        root = root.resolve()  # every node must find it at the same path
     root.mkdir(parents=True, exist_ok=True)
     state["flags"] = {k: v for k, v in dict(flags).items() if k != "run_dir"}
     start = time.time()
-    on_ray = _ray_address(preset, flags)
-    if on_ray:
-        root = root.resolve()  # every node must find it at the same path
     configs = [(job, job_config(preset, job, flags, root, start)) for job in preset.jobs]
     if preset.needs_data:
         if not all(data_root(cfg) or cfg.gameset.env != "alfworld" for _, cfg in configs):
@@ -542,9 +545,8 @@ def _run_jobs(
 
 def _ray_address(preset: Preset, flags: Mapping[str, Any]) -> str | None:
     """The Ray cluster the matrix runs on (``--ray``, or the preset's ``ray:``), or None."""
-    where = f"preset {preset.name}"
-    address = flags.get("ray", flatten(preset.base, where).get("ray"))
-    return str(address) if address else None
+    ray = flags.get("ray", flatten(preset.base, f"preset {preset.name}").get("ray"))
+    return from_mapping({"ray": ray}, f"preset {preset.name}").cluster.address
 
 
 def _own_ports(configs: list[tuple[Job, RunConfig]]) -> list[tuple[Job, RunConfig]]:

@@ -455,7 +455,7 @@ async def _execute(plan: Plan, progress: Progress) -> Path:
 
         pool = ray_env_pool(cfg, spec, slots)
     else:
-        if cfg.cluster.ray:
+        if cfg.cluster.address:
             from experiments.cluster import import_ray
 
             import_ray()  # --ray without the extra is a one-line error, here as anywhere

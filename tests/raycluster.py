@@ -22,9 +22,7 @@ def ray_cluster(head: dict[str, Any], *workers: dict[str, Any]) -> Iterator[Any]
 
     from experiments.cluster import connect
 
-    cluster = Cluster(
-        initialize_head=True, head_node_args={"include_dashboard": False, **head}
-    )
+    cluster = Cluster(initialize_head=True, head_node_args={"include_dashboard": False, **head})
     try:
         for options in workers:
             cluster.add_node(**options)

@@ -50,7 +50,12 @@ def test_actors_spread_over_the_nodes_answer_like_workers_and_are_replaced(clust
         results = pool.step_many({0: "wave", 1: "dance"})
         crash = results[1]
         assert isinstance(crash, WorkerCrashed) and "Ray env worker 1" in crash.reason
-        assert (crash.slot, crash.actions, crash.pending, crash.game) == (1, ("wave",), "dance", "b")
+        assert (crash.slot, crash.actions, crash.pending, crash.game) == (
+            1,
+            ("wave",),
+            "dance",
+            "b",
+        )
         assert isinstance(results[0], StepResult) and results[0].info["steps"] == 2
         assert pool.restarts == 1
         replayed = pool.reset(1, crash.game, replay=crash.actions)  # re-simulated on a new actor
@@ -70,8 +75,8 @@ def test_actors_spread_over_the_nodes_answer_like_workers_and_are_replaced(clust
 
 def _config(games: Path, run_dir: Path, **kw: Any) -> RunConfig:
     values = {
-        "model": "scripted:learner", "data": str(games), "split": SPLIT, "trials": 2,
-        "workers": 2, "concurrency": 2, "run_dir": str(run_dir),
+        "model": "scripted:learner", "data": str(games), "split": SPLIT, "games": 3,
+        "trials": 2, "workers": 2, "concurrency": 2, "run_dir": str(run_dir),
     }  # fmt: skip
     return RunConfig.of(**{**values, **kw})
 
