@@ -188,7 +188,8 @@ def job_resources(cfg: RunConfig) -> dict[str, Any]:
     return {"num_cpus": cpus, **_gpu_options(cfg, 0.0 if replicas else model_gpus(cfg))}
 
 
-def _describe(options: dict[str, Any]) -> str:
+def describe_resources(options: dict[str, Any]) -> str:
+    """Task options in words: ``1 CPU, 2 GPU``."""
     parts = [f"{options['num_cpus']:g} CPU"]
     if options.get("num_gpus"):
         parts.append(f"{options['num_gpus']:g} GPU")
@@ -211,7 +212,7 @@ def check_fits(name: str, options: dict[str, Any], nodes: list[dict[str, Any]]) 
         for n in nodes
     )  # fmt: skip
     raise ConfigError(
-        f"job {name} needs {_describe(options)} on one node, and no node of the Ray cluster has "
+        f"job {name} needs {describe_resources(options)} on one node, and no node of the Ray cluster has "
         f"them (nodes: {largest or 'none'}): lower --workers, --job-cpus or --gpus, or add nodes"
     )
 
@@ -380,12 +381,12 @@ def run_jobs(
                 cfg.to_dict(), force, record["attempt"], deadline_of(cfg)
             )
             pending[ref] = name
-            record.update(status="running", resources=_describe(options[name]))
+            record.update(status="running", resources=describe_resources(options[name]))
             record.setdefault("started_at", time.time())
             for key in ("error", "traceback", "note"):
                 record.pop(key, None)
             log.info("matrix %s: job %s submitted to Ray (%s, attempt %d)", preset_name, name,
-                     _describe(options[name]), record["attempt"])  # fmt: skip
+                     describe_resources(options[name]), record["attempt"])  # fmt: skip
 
         for name, cfg in jobs:
             record = results.setdefault(name, {})
@@ -480,7 +481,7 @@ class ReplicaActor:
 
         cfg = from_mapping(values, source="served replica")
         host = ray.util.get_node_ip_address()
-        port = cfg.server.serve_port
+        port = cfg.server.serve_port + index  # replicas may share a node
         if not port_free(host, port):
             port = free_port(host)
         logs = Path(run_dir)

@@ -252,6 +252,13 @@ def plan_job(cfg: RunConfig, needs_data: bool = False) -> dict[str, Any]:
             "url": f"http://{HOST}:{cfg.server.serve_port}/v1",
             "log": str(Path(cfg.execution.run_dir or ".") / "server.log"),
         }
+    if cfg.cluster.address:
+        from experiments.cluster import describe_resources, job_resources
+
+        out["ray"] = {
+            "address": cfg.cluster.address,
+            "reserves": describe_resources(job_resources(cfg)),
+        }
     return out
 
 

@@ -208,3 +208,38 @@ def test_a_removed_node_s_job_is_re_run_and_resumed_with_nothing_lost(
         store.close()
     for name in JOBS:  # same episodes, steps and reflections; no row lost or duplicated
         assert snapshot(root / name) == reference[name], name
+
+
+def test_a_job_reserves_its_model_s_gpus_and_its_env_workers_cpus():
+    from experiments.cluster import job_resources, model_gpus
+    from experiments.serve import serve_template
+
+    def cfg(**kw: Any) -> RunConfig:
+        return RunConfig.of(**kw)
+
+    command = "vllm serve {model} --host {host} --port {port} --tensor-parallel-size 2 -dp=2"
+    assert model_gpus(cfg(model="vllm:m", serve=True, serve_command=command)) == 4
+    assert model_gpus(cfg(model="vllm:m", serve=True, serve_data_parallel=3)) == 3
+    assert model_gpus(cfg(model="vllm:m", backend_options={"tensor_parallel_size": 2})) == 2
+    assert model_gpus(cfg(model="vllm:m")) == 1
+    assert model_gpus(cfg(model="openai:gpt-4o-mini")) == 0
+    assert model_gpus(cfg(model="openai:gpt-4o-mini", gpus=0.5)) == 0.5
+    assert job_resources(cfg(model="vllm:m", serve=True, workers=4)) == {
+        "num_cpus": 4.0, "num_gpus": 1.0,
+    }  # fmt: skip
+    on_ray = {"ray": "local", "env_workers_on_ray": True, "gpu_resource": "a100"}
+    assert job_resources(cfg(model="scripted:expert", gpus=1, workers=8, **on_ray)) == {
+        "num_cpus": 1.0, "num_gpus": 0, "resources": {"a100": 1.0},
+    }  # fmt: skip
+    replicas = cfg(model="vllm:m", serve=True, ray="local", serve_replicas=2)
+    assert job_resources(replicas)["num_gpus"] == 0  # the replicas reserve the GPUs
+
+    # vLLM's own data parallelism behind the one served URL
+    served = cfg(model="vllm:Qwen/Qwen2.5-7B-Instruct", serve=True, serve_data_parallel=4)
+    assert serve_template(served).endswith("--port {port} --data-parallel-size 4")
+    plan = matrix.plan_job(served.replace(ray="10.0.0.1:6379"), needs_data=True)
+    assert plan["serve"]["command"].endswith("--data-parallel-size 4")
+    assert plan["ray"] == {"address": "10.0.0.1:6379", "reserves": "1 CPU, 4 GPU"}
+    with pytest.raises(ConfigError, match="already sets --data-parallel-size"):
+        serve_template(served.replace(serve_command=f"{command} --data-parallel-size 2"))
+    assert RunConfig.of(ray="off").cluster.address is None
