@@ -66,11 +66,9 @@ def env_calls(run_dir: Path) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default=os.environ.get("ALFWORLD_DATA"))
-    parser.add_argument("--games", type=int, default=40)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--calls", type=int, default=200)
-    parser.add_argument("--repeats", type=int, default=3)
+    sizes = {"games": 40, "workers": 2, "concurrency": 4, "calls": 200, "repeats": 3}
+    for name, default in sizes.items():
+        parser.add_argument(f"--{name}", type=int, default=default)
     args = parser.parse_args()
     if not args.data:
         raise SystemExit("set $ALFWORLD_DATA or pass --data DIR (the real ALFWorld games)")

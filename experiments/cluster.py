@@ -344,7 +344,16 @@ def _job_task(
                 "note": "deadline reached before it started",
                 "node": where,
             }
-        return {**play_job(cfg, force), "node": where}
+        fields = play_job(cfg, force)
+        if (job_dir / "run.sqlite").is_file():  # the run store says where it ran, too
+            from experiments.store import RunStore
+
+            store = RunStore(job_dir)
+            try:
+                store.set_meta("placement", read_placement(job_dir))
+            finally:
+                store.close()
+        return {**fields, "node": where}
 
 
 # -- the matrix on Ray --------------------------------------------------------------------------
@@ -409,7 +418,7 @@ def run_jobs(
                 save()
         except BaseException:
             for ref, name in pending.items():
-                ray.cancel(ref, force=True)
+                ray.cancel(ref)  # KeyboardInterrupt in the task: a served job stops its server
                 results[name].update(status="interrupted", finished_at=time.time())
             save()
             raise

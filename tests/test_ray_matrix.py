@@ -100,6 +100,11 @@ def test_jobs_go_where_their_resources_are_and_equal_the_run_without_ray(
             assert record["resources"] == "1 CPU, 1 fake_gpu"
         placement = json.loads((Path(record["run_dir"]) / "placement.json").read_text())
         assert [a["attempt"] for a in placement] == [1]
+        store = RunStore(Path(record["run_dir"]), readonly=True)
+        try:
+            assert store.get_meta("placement") == placement  # the run store records it too
+        finally:
+            store.close()
         assert snapshot(Path(record["run_dir"])) == reference[name], name
     assert result.report is not None and (result.report / "comparison.json").is_file()
 
