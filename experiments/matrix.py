@@ -1,4 +1,4 @@
-"""Experiment presets and the job matrix: several runs, one after another, one report.
+"""Experiment presets and the job matrix: several runs, one after another (or on Ray), one report.
 
 A preset is a YAML file in ``experiments/configs/`` (run it by name: ``--config paper``) or
 anywhere (``--config path.yaml``). Either plain config keys (one run, as any ``--config`` file),
@@ -23,6 +23,11 @@ A relative ``deadline`` (``8h``) is for the whole matrix. At the end one combine
 written to ``<run dir>/report``. ``--resume <run dir>`` plays every job that is not complete
 (interrupted ones continue from their last step, via the runner's resume), with the preset and
 flags recorded in ``matrix.json`` (flags given again override them).
+
+With ``--ray ADDRESS`` (or ``--ray local``) the jobs run as Ray tasks instead, in parallel where
+the cluster's resources allow, each reserving its model's GPUs and its env workers' CPUs; a job
+whose node dies is submitted again and resumes from its run store; the directory must be on
+storage every node sees. See :mod:`experiments.cluster`.
 
 Dry runs (``--dry-run``) print each job's plan and need neither the models nor the games: when
 the games are not there yet, the plan counts the games the run would play: "134 games of
@@ -480,7 +485,10 @@ def play_job(cfg: RunConfig, force: bool, servers: _Servers | None = None) -> di
 
     job_dir = Path(str(cfg.execution.run_dir))
     out: dict[str, Any] = {"started_at": time.time()}
-    resume = str(job_dir) if job_status(job_dir) == "unfinished" else None
+    status = job_status(job_dir)
+    if status == "complete":  # e.g. a lost attempt that had finished it
+        return {"status": "complete"}
+    resume = str(job_dir) if status == "unfinished" else None
     try:
         if cfg.server.serve:
             from experiments.runner import select_games
