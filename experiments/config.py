@@ -207,6 +207,80 @@ class ServeConfig:
         1800.0, "seconds to wait for the server to become healthy (a first start downloads)",
         minimum=1.0,
     )  # fmt: skip
+    serve_data_parallel: int = option(
+        1,
+        "vLLM data-parallel replicas behind the one served URL, one per GPU of this node "
+        "(adds --data-parallel-size N to serve-command)",
+        minimum=1,
+        resumable=True,
+    )
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """Beyond one machine, on Ray (pip install reflexsim[ray]); never changes results."""
+
+    ray: str | None = option(
+        None,
+        "a Ray cluster: its address (auto, host:port, ray://host:10001) or local (a private "
+        "cluster on this machine); a preset's jobs then run as Ray tasks, in parallel where "
+        "resources allow; off: no Ray (e.g. to resume a Ray matrix on this machine)",
+        resumable=True,
+    )
+    env_workers_on_ray: bool = option(
+        False,
+        "step the run's envs in --workers Ray actors spread over the cluster (needs --ray)",
+        resumable=True,
+    )
+    env_worker_cpus: float = option(
+        1.0, "CPUs each Ray env worker reserves", minimum=0.0, resumable=True
+    )
+    gpus: float | None = option(
+        None,
+        "GPUs a job (or each served replica) reserves on Ray (default: 0 for API and scripted "
+        "models; for vllm: models the product of the tensor, pipeline and data parallel sizes "
+        "in serve-command, at least 1)",
+        minimum=0.0,
+        resumable=True,
+    )
+    gpu_resource: str = option(
+        "GPU",
+        "the Ray resource a job's GPUs are counted in (GPU, or a custom resource name)",
+        resumable=True,
+    )
+    job_cpus: float | None = option(
+        None,
+        "CPUs a job reserves on Ray (default: its --workers; 1 with --env-workers-on-ray)",
+        minimum=0.0,
+        resumable=True,
+    )
+    job_retries: int = option(
+        3,
+        "times a job whose node or worker died is submitted again (it resumes from its store)",
+        minimum=0,
+        resumable=True,
+    )
+    serve_replicas: int = option(
+        1,
+        "with --ray and --serve: this many model servers, started as Ray actors on any node "
+        "(gpus each); the games are sharded across them as with a --base-url list",
+        minimum=1,
+        resumable=True,
+    )
+
+    @property
+    def address(self) -> str | None:
+        """The Ray cluster to use, or None (no ``ray``, or ``off``)."""
+        return None if (self.ray or "off").strip().lower() == "off" else self.ray
+
+    def __post_init__(self) -> None:
+        if self.env_workers_on_ray and not self.address:
+            raise ConfigError("--env-workers-on-ray needs --ray ADDRESS (or --ray local)")
+        if self.serve_replicas > 1 and not self.address:
+            raise ConfigError(
+                f"--serve-replicas {self.serve_replicas} starts servers on a Ray cluster: add "
+                "--ray ADDRESS (or --ray local), or give servers you started as a --base-url list"
+            )
 
 
 @dataclass(frozen=True)
@@ -302,6 +376,7 @@ class RunConfig:
     planning: PlanningConfig = field(default_factory=PlanningConfig)
     lats: LatsConfig = field(default_factory=LatsConfig)
     safeguards: SafeguardConfig = field(default_factory=SafeguardConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     @classmethod
     def of(cls, **values: Any) -> RunConfig:

@@ -1,4 +1,4 @@
-"""Experiment presets and the job matrix: several runs, one after another, one report.
+"""Experiment presets and the job matrix: several runs, one after another (or on Ray), one report.
 
 A preset is a YAML file in ``experiments/configs/`` (run it by name: ``--config paper``) or
 anywhere (``--config path.yaml``). Either plain config keys (one run, as any ``--config`` file),
@@ -23,6 +23,11 @@ A relative ``deadline`` (``8h``) is for the whole matrix. At the end one combine
 written to ``<run dir>/report``. ``--resume <run dir>`` plays every job that is not complete
 (interrupted ones continue from their last step, via the runner's resume), with the preset and
 flags recorded in ``matrix.json`` (flags given again override them).
+
+With ``--ray ADDRESS`` (or ``--ray local``) the jobs run as Ray tasks instead, in parallel where
+the cluster's resources allow, each reserving its model's GPUs and its env workers' CPUs; a job
+whose node dies is submitted again and resumes from its run store; the directory must be on
+storage every node sees. See :mod:`experiments.cluster`.
 
 Dry runs (``--dry-run``) print each job's plan and need neither the models nor the games: when
 the games are not there yet, the plan counts the games the run would play: "134 games of
@@ -244,18 +249,20 @@ def plan_job(cfg: RunConfig, needs_data: bool = False) -> dict[str, Any]:
         out = estimated_plan(cfg, n)
         out["games_note"] = note
     if cfg.server.serve:
-        from experiments.serve import DEFAULT_COMMAND, HOST, served_model, server_argv
+        from experiments.serve import HOST, serve_template, served_model, server_argv
 
-        words = server_argv(
-            cfg.server.serve_command or DEFAULT_COMMAND,
-            served_model(cfg),
-            HOST,
-            cfg.server.serve_port,
-        )
+        words = server_argv(serve_template(cfg), served_model(cfg), HOST, cfg.server.serve_port)
         out["serve"] = {
             "command": shlex.join(words),
             "url": f"http://{HOST}:{cfg.server.serve_port}/v1",
             "log": str(Path(cfg.execution.run_dir or ".") / "server.log"),
+        }
+    if cfg.cluster.address:
+        from experiments.cluster import describe_resources, job_resources
+
+        out["ray"] = {
+            "address": cfg.cluster.address,
+            "reserves": describe_resources(job_resources(cfg)),
         }
     return out
 
@@ -429,6 +436,12 @@ def run_matrix(
             "started_at": time.time(),
             "jobs": {},
         }
+    on_ray = _ray_address(preset, flags)
+    if on_ray:
+        from experiments.cluster import import_ray
+
+        import_ray()  # a missing extra is a one-line error before anything is written
+        root = root.resolve()  # every node must find it at the same path
     root.mkdir(parents=True, exist_ok=True)
     state["flags"] = {k: v for k, v in dict(flags).items() if k != "run_dir"}
     start = time.time()
@@ -445,9 +458,62 @@ def run_matrix(
     from experiments.serve import stop_server_on_signals
 
     with stop_server_on_signals():
-        _run_jobs(preset, configs, root, state, results, _Servers(root), start, force)
+        if on_ray:
+            from experiments.cluster import run_jobs
+
+            state["ray"] = on_ray
+            run_jobs(
+                preset.name,
+                [(job.name, cfg) for job, cfg in _own_ports(configs)],
+                root,
+                results,
+                lambda: _write_state(root, state),
+                lambda cfg: parse_deadline(cfg.budget.deadline, start),
+                force,
+            )
+        else:
+            _run_jobs(preset, configs, root, state, results, _Servers(root), start, force)
     report = _report(root, preset, results, state)
     return MatrixResult(root, results, report)
+
+
+def play_job(cfg: RunConfig, force: bool, servers: _Servers | None = None) -> dict[str, Any]:
+    """Play one job to its end, resuming it if it was started (``servers``: share a server with
+    the previous job). Returns the fields of its record; its own errors are recorded, not
+    raised (KeyboardInterrupt is)."""
+    from experiments.runner import run
+
+    job_dir = Path(str(cfg.execution.run_dir))
+    out: dict[str, Any] = {"started_at": time.time()}
+    status = job_status(job_dir)
+    if status == "complete":  # e.g. a lost attempt that had finished it
+        return {"status": "complete"}
+    resume = str(job_dir) if status == "unfinished" else None
+    try:
+        if cfg.server.serve:
+            from experiments.runner import select_games
+            from experiments.serve import run_served
+
+            select_games(cfg)  # bad games fail before a long server start
+            server = servers.get(cfg, job_dir) if servers is not None else None
+            out["server_log"] = str(server.settings.log_path if server else job_dir / "server.log")
+            run_served(cfg, resume=resume, force=force, server=server)
+        else:
+            if servers is not None:
+                servers.close()
+            run(cfg, resume=resume, force=force)
+    except Exception as exc:  # noqa: BLE001 - recorded; the next job still runs
+        out.update(
+            status="failed",
+            error=f"{type(exc).__name__}: {exc}".splitlines()[0][:2000],
+            traceback=traceback.format_exc()[-8000:],
+            finished_at=time.time(),
+        )
+        return out
+    out["status"] = "complete" if job_status(job_dir) == "complete" else "stopped"
+    out["finished_at"] = time.time()
+    out["wall_s"] = round(out["finished_at"] - out["started_at"], 2)
+    return out
 
 
 def _run_jobs(
@@ -460,8 +526,6 @@ def _run_jobs(
     start: float,
     force: bool,
 ) -> None:
-    from experiments.runner import run
-
     try:
         for job, cfg in configs:
             job_dir = Path(str(cfg.execution.run_dir))
@@ -480,41 +544,35 @@ def _run_jobs(
             record.pop("traceback", None)
             _write_state(root, state)
             _say(f"matrix {preset.name}: job {job.name} ({cfg.models.model}, {cfg.protocol.agent})")
-            job_resume = str(job_dir) if status == "unfinished" else None
             try:
-                if cfg.server.serve:
-                    from experiments.runner import select_games
-                    from experiments.serve import run_served
-
-                    select_games(cfg)  # bad games fail before a long server start
-                    server = servers.get(cfg, job_dir)
-                    record["server_log"] = str(server.settings.log_path)
-                    run_served(cfg, resume=job_resume, force=force, server=server)
-                else:
-                    servers.close()
-                    run(cfg, resume=job_resume, force=force)
+                record.update(play_job(cfg, force, servers))
             except KeyboardInterrupt:
                 record.update(status="interrupted", finished_at=time.time())
                 raise
-            except Exception as exc:  # noqa: BLE001 - recorded; the next job still runs
-                record.update(
-                    status="failed",
-                    error=f"{type(exc).__name__}: {exc}".splitlines()[0][:2000],
-                    traceback=traceback.format_exc()[-8000:],
-                    finished_at=time.time(),
-                )
-                _say(f"matrix {preset.name}: job {job.name} failed: {record['error']}")
-                continue
             finally:
                 _write_state(root, state)
-            done = job_status(job_dir)
-            record.update(status="complete" if done == "complete" else "stopped")
-            record["finished_at"] = time.time()
-            record["wall_s"] = round(record["finished_at"] - record["started_at"], 2)
-            _write_state(root, state)
+            if record["status"] == "failed":
+                _say(f"matrix {preset.name}: job {job.name} failed: {record['error']}")
     finally:
         servers.close()
         _write_state(root, state)
+
+
+def _ray_address(preset: Preset, flags: Mapping[str, Any]) -> str | None:
+    """The Ray cluster the matrix runs on (``--ray``, or the preset's ``ray:``), or None."""
+    ray = flags.get("ray", flatten(preset.base, f"preset {preset.name}").get("ray"))
+    return from_mapping({"ray": ray}, f"preset {preset.name}").cluster.address
+
+
+def _own_ports(configs: list[tuple[Job, RunConfig]]) -> list[tuple[Job, RunConfig]]:
+    """On Ray, served jobs may share a node: each serves on its own port (the preset's port
+    plus the job's index), the same one on every attempt."""
+    out = []
+    for index, (job, cfg) in enumerate(configs):
+        if cfg.server.serve and cfg.cluster.serve_replicas == 1:
+            cfg = cfg.replace(serve_port=cfg.server.serve_port + index)
+        out.append((job, cfg))
+    return out
 
 
 def _report(

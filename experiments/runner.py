@@ -439,12 +439,21 @@ async def _execute(plan: Plan, progress: Progress) -> Path:
     agent = build_agent(cfg, store)
     trial_plan = trial_plan_of(cfg)
     tasks = plan.games.tasks
-    pool = EnvPool(
-        EnvSpec(plan.games.env_kind, plan.games.env_kwargs),
-        workers=cfg.execution.workers,
-        slots=min(cfg.execution.concurrency, max(len(tasks), 1)),
-        timeout_s=cfg.execution.step_timeout_s,
-    )
+    spec = EnvSpec(plan.games.env_kind, plan.games.env_kwargs)
+    slots = min(cfg.execution.concurrency, max(len(tasks), 1))
+    pool: Any
+    if cfg.cluster.env_workers_on_ray:  # the same API; the actors run across the cluster
+        from experiments.cluster import ray_env_pool
+
+        pool = ray_env_pool(cfg, spec, slots)
+    else:
+        if cfg.cluster.address:
+            from experiments.cluster import import_ray
+
+            import_ray()  # --ray without the extra is a one-line error, here as anywhere
+        pool = EnvPool(
+            spec, workers=cfg.execution.workers, slots=slots, timeout_s=cfg.execution.step_timeout_s
+        )
     envs = AsyncEnvPool(pool)
     actor = ModelClient(plan.actor, max_in_flight=cfg.execution.concurrency)
     reflector = (

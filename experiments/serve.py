@@ -17,6 +17,12 @@ backoff capped at :data:`RESTART_BACKOFF_MAX_S`; ``backend_options`` override it
 restart; anything worse (a run that gives up, or a killed runner) is covered by the runner's
 step-level ``--resume``. At the end the group gets SIGTERM, then SIGKILL after ``stop_grace_s``.
 
+Several GPUs of one node: ``serve_data_parallel`` N (``--serve-data-parallel N``) adds vLLM's
+own ``--data-parallel-size N`` to the command: N engines behind the one URL, vLLM balancing the
+requests. Several nodes: with ``--ray``, ``serve_replicas`` N starts N servers as Ray actors
+(:func:`experiments.cluster.run_on_replicas`), each listening on its node's address, and the run
+shards its games across their URLs as with a ``--base-url`` list.
+
 The port is fixed (``serve_port``, default 8000) so that a resumed run finds its server at the
 URL its manifest records. A server left behind by a killed runner is recognised by its pid file
 (same pid and command line) and stopped before the new one starts; any other program on the
@@ -123,12 +129,28 @@ def check_serve(cfg: RunConfig) -> None:
             f"--serve points the run at its own server ({expected}): drop --base-url "
             f"{cfg.models.base_url!r}, or drop --serve to use that server"
         )
-    template = cfg.server.serve_command or DEFAULT_COMMAND
+    template = serve_template(cfg)
     if "{port}" not in template:
         raise ConfigError(
             f"serve-command {template!r} must pass the port as {{port}} (e.g. --port {{port}})"
         )
     server_argv(template, served_model(cfg), HOST, cfg.server.serve_port)
+
+
+def serve_template(cfg: RunConfig) -> str:
+    """The server command template of a config: ``serve_command`` (or the default), with
+    ``--data-parallel-size N`` added for ``serve_data_parallel`` N > 1 (vLLM's own data
+    parallelism: N engines, one per GPU of this node, behind one URL)."""
+    template = cfg.server.serve_command or DEFAULT_COMMAND
+    n = cfg.server.serve_data_parallel
+    if n == 1:
+        return template
+    if any(w.split("=")[0] in ("--data-parallel-size", "-dp") for w in template.split()):
+        raise ConfigError(
+            f"serve-command already sets --data-parallel-size: drop --serve-data-parallel {n}, "
+            "or drop it from the command"
+        )
+    return f"{template} --data-parallel-size {n}"
 
 
 def server_argv(template: str, model: str, host: str, port: int) -> tuple[str, ...]:
@@ -169,19 +191,21 @@ def _executable(name: str) -> str:
     )
 
 
-def serve_settings(cfg: RunConfig, log_path: Path, pid_path: Path | None = None) -> ServeSettings:
-    """The server of a served config (checked with :func:`check_serve`)."""
+def serve_settings(
+    cfg: RunConfig, log_path: Path, pid_path: Path | None = None, host: str = HOST
+) -> ServeSettings:
+    """The server of a served config (checked with :func:`check_serve`), listening on ``host``
+    (a replica on a cluster node listens on the node's address)."""
     check_serve(cfg)
     model = served_model(cfg)
-    argv = server_argv(
-        cfg.server.serve_command or DEFAULT_COMMAND, model, HOST, cfg.server.serve_port
-    )
+    argv = server_argv(serve_template(cfg), model, host, cfg.server.serve_port)
     return ServeSettings(
         argv=(_executable(argv[0]), *argv[1:]),
         model=model,
         port=cfg.server.serve_port,
         log_path=log_path,
         pid_path=pid_path or log_path.with_name("server.pid"),
+        host=host,
         startup_timeout_s=cfg.server.serve_timeout_s,
     )
 
@@ -546,6 +570,11 @@ def run_served(
         )
     select_games(cfg)  # a bad game selection fails now, not after a long server start
     run_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.cluster.serve_replicas > 1 and server is None:
+        from experiments.cluster import run_on_replicas
+
+        with stop_server_on_signals():
+            return run_on_replicas(cfg, run_dir, resume, force, progress)
     with stop_server_on_signals():
         own = server is None
         if server is None:

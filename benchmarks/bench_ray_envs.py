@@ -1,0 +1,126 @@
+"""Env workers as Ray actors against the local worker processes, side by side in one run.
+
+Two measurements, each a median of repeats, the two pools alternating so that both see the same
+machine load:
+
+- one env call's round trip: a real ALFWorld game, one slot, ``look`` sent ``--calls`` times
+  one after another, on the local pool (a worker process, a pipe) and on the Ray pool (an actor
+  on the local Ray cluster); printed per call and as the Ray pool's overhead per call;
+- a whole run: ``scripted:expert`` on the first ``--games`` valid_seen games, one trial,
+  ``--workers`` env workers, ``--concurrency`` episodes in flight; printed as wall times, their
+  ratio and the Ray run's extra wall time per env call (resets and actions), and whether both
+  runs recorded the same episodes (``tests/test_runner.py``'s snapshot).
+
+Ray runs on a private local cluster (``--ray local``), started before the clock runs.
+
+    python benchmarks/bench_ray_envs.py [--data DIR] [--games 40] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from envs.pool import EnvPool, EnvSpec  # noqa: E402
+from envs.ray_pool import RayEnvPool  # noqa: E402
+from experiments.cluster import connect  # noqa: E402
+from experiments.config import RunConfig  # noqa: E402
+from experiments.runner import run, select_games  # noqa: E402
+from experiments.store import RunStore  # noqa: E402
+from tests.test_runner import snapshot  # noqa: E402
+
+SPLIT = "eval_in_distribution"
+
+
+def round_trip(pool: Any, game: str, calls: int) -> float:
+    """Median seconds of one ``look`` on a started game, sent one after another."""
+    pool.reset(0, game)
+    times = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        pool.step(0, "look")
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def env_calls(run_dir: Path) -> int:
+    """Resets (one per episode) and actions sent to the env."""
+    store = RunStore(run_dir, readonly=True)
+    try:
+        episodes = store.episodes()
+        acts = sum(1 for e in episodes for s in store.steps(e.episode_id) if s.kind.value == "act")
+        return len(episodes) + acts
+    finally:
+        store.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default=os.environ.get("ALFWORLD_DATA"))
+    sizes = {"games": 40, "workers": 2, "concurrency": 4, "calls": 200, "repeats": 3}
+    for name, default in sizes.items():
+        parser.add_argument(f"--{name}", type=int, default=default)
+    args = parser.parse_args()
+    if not args.data:
+        raise SystemExit("set $ALFWORLD_DATA or pass --data DIR (the real ALFWorld games)")
+    base = {
+        "model": "scripted:expert", "data": args.data, "split": SPLIT, "games": args.games,
+        "trials": 1, "workers": args.workers, "concurrency": args.concurrency,
+    }  # fmt: skip
+    games = select_games(RunConfig.of(**base))
+    spec = EnvSpec(games.env_kind, games.env_kwargs)
+    first = games.tasks[0].game
+    connect("local")
+    tmp = Path(tempfile.mkdtemp(prefix="bench-ray-envs-"))
+
+    trips: dict[str, list[float]] = {"local": [], "ray": []}
+    walls: dict[str, list[float]] = {"local": [], "ray": []}
+    same, calls = True, 0
+    for repeat in range(args.repeats):
+        order = ("local", "ray") if repeat % 2 == 0 else ("ray", "local")
+        for kind in order:
+            pool: Any = (
+                EnvPool(spec, workers=1, timeout_s=120)
+                if kind == "local"
+                else RayEnvPool(spec, workers=1, timeout_s=120)
+            )
+            with pool:
+                trips[kind].append(round_trip(pool, first, args.calls))
+        dirs = {}
+        for kind in order:
+            extra = {"ray": "local", "env_workers_on_ray": True} if kind == "ray" else {}
+            dirs[kind] = tmp / f"{kind}-{repeat}"
+            cfg = RunConfig.of(**base, **extra, run_dir=str(dirs[kind]))
+            started = time.perf_counter()
+            run(cfg)
+            walls[kind].append(time.perf_counter() - started)
+        same = same and snapshot(dirs["ray"]) == snapshot(dirs["local"])
+        calls = env_calls(dirs["local"])
+
+    local_trip, ray_trip = (statistics.median(trips[k]) for k in ("local", "ray"))
+    local_wall, ray_wall = (statistics.median(walls[k]) for k in ("local", "ray"))
+    print(
+        f"one env call (look), median of {args.repeats} x {args.calls}: local pool "
+        f"{local_trip * 1e3:.2f} ms, Ray pool {ray_trip * 1e3:.2f} ms; Ray overhead "
+        f"{(ray_trip - local_trip) * 1e3:.2f} ms per call ({ray_trip / local_trip:.2f}x)"
+    )
+    print(
+        f"run of {args.games} valid_seen games (scripted:expert, {args.workers} workers, "
+        f"{args.concurrency} in flight, {calls} env calls), median of {args.repeats}: local "
+        f"{local_wall:.1f}s, Ray {ray_wall:.1f}s, ratio {ray_wall / local_wall:.2f}x; Ray "
+        f"overhead {(ray_wall - local_wall) / calls * 1e3:.2f} ms of wall time per env call"
+    )
+    print(f"same episodes, steps and reflections: {'yes' if same else 'NO'}")
+
+
+if __name__ == "__main__":
+    main()
