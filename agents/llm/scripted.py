@@ -331,7 +331,9 @@ class ScriptedBackend:
             return "FAILURE: the actions do not match the walkthrough."
         if self.policy == "random":
             actions = request.constraint.actions if request.constraint is not None else None
-            return random_action(side, request.config.seed, sample if n > 1 else None, actions or None)
+            return random_action(
+                side, request.config.seed, sample if n > 1 else None, actions or None
+            )
         if self.policy == "learner" and MEMORY_MARKER not in _prompt_text(request):
             return LEARNER_REPEAT
         if self.policy == "replanner":
