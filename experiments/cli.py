@@ -214,7 +214,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="reflexsim", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    run = sub.add_parser("run", help="run a Reflexion experiment (same as run_alfworld.py)")
+    run = sub.add_parser(
+        "run",
+        help="run a Reflexion experiment (same as run_alfworld.py)",
+        usage="%(prog)s [options]  (--help lists every key)",
+    )
     add_run_arguments(run)
     run.set_defaults(handler=_run)
 

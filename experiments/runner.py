@@ -376,6 +376,16 @@ def prepare(cfg: RunConfig, resume: str | None = None, force: bool = False) -> P
             f"{str(run_dir)!r} already holds a run: use --resume {run_dir} or another --run-dir"
         )
     actor, reflector = make_backends(cfg)
+    if cfg.models.action_decoding == "grounded":
+        from agents.llm.common import check_grounding
+
+        try:
+            check_grounding(actor)  # a backend that cannot constrain: one line naming nearest
+        except BaseException:
+            actor.close()
+            if reflector is not actor:
+                reflector.close()
+            raise
     manifest = build_manifest(cfg, games, actor, reflector, data_root(cfg))
     if old is not None:
         diffs = manifest_differences(old, manifest)
