@@ -1,11 +1,12 @@
 """Env workers as Ray actors against the local worker processes, side by side in one run.
 
-Two measurements, each a median of repeats, the two pools alternating so that both see the same
-machine load:
+Three measurements, each a median of repeats, the two pools alternating so that both see the
+same machine load:
 
-- one env call's round trip: a real ALFWorld game, one slot, ``look`` sent ``--calls`` times
-  one after another, on the local pool (a worker process, a pipe) and on the Ray pool (an actor
-  on the local Ray cluster); printed per call and as the Ray pool's overhead per call;
+- the transport alone: an env that only echoes (``tests/test_pool.py``'s ``SleepyEnv``), one
+  slot, ``--calls`` steps one after another, on the local pool (a worker process, a pipe) and on
+  the Ray pool (an actor on the local Ray cluster): the Ray pool's overhead per env call;
+- the same with a real ALFWorld game (``look``), where the game's own work is in each call;
 - a whole run: ``scripted:expert`` on the first ``--games`` valid_seen games, one trial,
   ``--workers`` env workers, ``--concurrency`` episodes in flight; printed as wall times, their
   ratio and the Ray run's extra wall time per env call (resets and actions), and whether both
@@ -32,8 +33,8 @@ sys.path.insert(0, str(ROOT))
 
 from envs.pool import EnvPool, EnvSpec  # noqa: E402
 from envs.ray_pool import RayEnvPool  # noqa: E402
-from experiments.cluster import connect  # noqa: E402
 from experiments.config import RunConfig  # noqa: E402
+from experiments.ray_session import connect  # noqa: E402
 from experiments.runner import run, select_games  # noqa: E402
 from experiments.store import RunStore  # noqa: E402
 from tests.test_runner import snapshot  # noqa: E402
@@ -41,15 +42,33 @@ from tests.test_runner import snapshot  # noqa: E402
 SPLIT = "eval_in_distribution"
 
 
-def round_trip(pool: Any, game: str, calls: int) -> float:
-    """Median seconds of one ``look`` on a started game, sent one after another."""
-    pool.reset(0, game)
-    times = []
-    for _ in range(calls):
-        started = time.perf_counter()
-        pool.step(0, "look")
-        times.append(time.perf_counter() - started)
+ECHO = EnvSpec("tests.test_pool:SleepyEnv")
+
+
+def round_trip(spec: EnvSpec, kind: str, game: str, action: str, calls: int) -> float:
+    """Median seconds of one step on a started game, the steps sent one after another."""
+    pool: Any = (
+        EnvPool(spec, workers=1, timeout_s=120)
+        if kind == "local"
+        else RayEnvPool(spec, workers=1, timeout_s=120)
+    )
+    with pool:
+        pool.reset(0, game)
+        times = []
+        for _ in range(calls):
+            started = time.perf_counter()
+            pool.step(0, action)
+            times.append(time.perf_counter() - started)
     return statistics.median(times)
+
+
+def compare(label: str, trips: dict[str, list[float]], repeats: int, calls: int) -> None:
+    local, ray = (statistics.median(trips[k]) for k in ("local", "ray"))
+    print(
+        f"{label}, median of {repeats} x {calls}: local pool {local * 1e3:.2f} ms, Ray pool "
+        f"{ray * 1e3:.2f} ms; Ray overhead {(ray - local) * 1e3:+.2f} ms per call "
+        f"({ray / local:.2f}x)"
+    )
 
 
 def env_calls(run_dir: Path) -> int:
@@ -82,19 +101,15 @@ def main() -> None:
     connect("local")
     tmp = Path(tempfile.mkdtemp(prefix="bench-ray-envs-"))
 
+    echo: dict[str, list[float]] = {"local": [], "ray": []}
     trips: dict[str, list[float]] = {"local": [], "ray": []}
     walls: dict[str, list[float]] = {"local": [], "ray": []}
     same, calls = True, 0
     for repeat in range(args.repeats):
         order = ("local", "ray") if repeat % 2 == 0 else ("ray", "local")
         for kind in order:
-            pool: Any = (
-                EnvPool(spec, workers=1, timeout_s=120)
-                if kind == "local"
-                else RayEnvPool(spec, workers=1, timeout_s=120)
-            )
-            with pool:
-                trips[kind].append(round_trip(pool, first, args.calls))
+            echo[kind].append(round_trip(ECHO, kind, "a", "wave", args.calls))
+            trips[kind].append(round_trip(spec, kind, first, "look", args.calls))
         dirs = {}
         for kind in order:
             extra = {"ray": "local", "env_workers_on_ray": True} if kind == "ray" else {}
@@ -106,18 +121,14 @@ def main() -> None:
         same = same and snapshot(dirs["ray"]) == snapshot(dirs["local"])
         calls = env_calls(dirs["local"])
 
-    local_trip, ray_trip = (statistics.median(trips[k]) for k in ("local", "ray"))
+    compare("env call, echo env (transport only)", echo, args.repeats, args.calls)
+    compare("env call, ALFWorld look", trips, args.repeats, args.calls)
     local_wall, ray_wall = (statistics.median(walls[k]) for k in ("local", "ray"))
-    print(
-        f"one env call (look), median of {args.repeats} x {args.calls}: local pool "
-        f"{local_trip * 1e3:.2f} ms, Ray pool {ray_trip * 1e3:.2f} ms; Ray overhead "
-        f"{(ray_trip - local_trip) * 1e3:.2f} ms per call ({ray_trip / local_trip:.2f}x)"
-    )
     print(
         f"run of {args.games} valid_seen games (scripted:expert, {args.workers} workers, "
         f"{args.concurrency} in flight, {calls} env calls), median of {args.repeats}: local "
         f"{local_wall:.1f}s, Ray {ray_wall:.1f}s, ratio {ray_wall / local_wall:.2f}x; Ray "
-        f"overhead {(ray_wall - local_wall) / calls * 1e3:.2f} ms of wall time per env call"
+        f"overhead {(ray_wall - local_wall) / calls * 1e3:+.2f} ms of wall time per env call"
     )
     print(f"same episodes, steps and reflections: {'yes' if same else 'NO'}")
 

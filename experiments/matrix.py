@@ -258,7 +258,7 @@ def plan_job(cfg: RunConfig, needs_data: bool = False) -> dict[str, Any]:
             "log": str(Path(cfg.execution.run_dir or ".") / "server.log"),
         }
     if cfg.cluster.address:
-        from experiments.cluster import describe_resources, job_resources
+        from experiments.ray_session import describe_resources, job_resources
 
         out["ray"] = {
             "address": cfg.cluster.address,
@@ -438,7 +438,7 @@ def run_matrix(
         }
     on_ray = _ray_address(preset, flags)
     if on_ray:
-        from experiments.cluster import import_ray
+        from experiments.ray_session import import_ray
 
         import_ray()  # a missing extra is a one-line error before anything is written
         root = root.resolve()  # every node must find it at the same path
@@ -462,14 +462,21 @@ def run_matrix(
             from experiments.cluster import run_jobs
 
             state["ray"] = on_ray
+            todo = []
+            for job, cfg in _own_ports(configs):
+                if job_status(Path(str(cfg.execution.run_dir))) == "complete":
+                    results.setdefault(job.name, {})["status"] = "complete"
+                else:
+                    todo.append((job.name, cfg))
             run_jobs(
                 preset.name,
-                [(job.name, cfg) for job, cfg in _own_ports(configs)],
+                todo,
                 root,
                 results,
                 lambda: _write_state(root, state),
                 lambda cfg: parse_deadline(cfg.budget.deadline, start),
                 force,
+                play_job,
             )
         else:
             _run_jobs(preset, configs, root, state, results, _Servers(root), start, force)

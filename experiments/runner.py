@@ -453,12 +453,12 @@ async def _execute(plan: Plan, progress: Progress) -> Path:
     slots = min(cfg.execution.concurrency, max(len(tasks), 1))
     pool: Any
     if cfg.cluster.env_workers_on_ray:  # the same API; the actors run across the cluster
-        from experiments.cluster import ray_env_pool
+        from experiments.ray_session import ray_env_pool
 
         pool = ray_env_pool(cfg, spec, slots)
     else:
         if cfg.cluster.address:
-            from experiments.cluster import import_ray
+            from experiments.ray_session import import_ray
 
             import_ray()  # --ray without the extra is a one-line error, here as anywhere
         pool = EnvPool(

@@ -20,7 +20,7 @@ step-level ``--resume``. At the end the group gets SIGTERM, then SIGKILL after `
 Several GPUs of one node: ``serve_data_parallel`` N (``--serve-data-parallel N``) adds vLLM's
 own ``--data-parallel-size N`` to the command: N engines behind the one URL, vLLM balancing the
 requests. Several nodes: with ``--ray``, ``serve_replicas`` N starts N servers as Ray actors
-(:func:`experiments.cluster.run_on_replicas`), each listening on its node's address, and the run
+(:func:`run_on_replicas`), each listening on its node's address, and the run
 shards its games across their URLs as with a ``--base-url`` list.
 
 The port is fixed (``serve_port``, default 8000) so that a resumed run finds its server at the
@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from experiments.config import RunConfig
+from experiments.config import RunConfig, from_mapping
 from experiments.errors import ConfigError, RunStoreError
 
 log = logging.getLogger("reflexsim.serve")
@@ -571,8 +571,6 @@ def run_served(
     select_games(cfg)  # a bad game selection fails now, not after a long server start
     run_dir.mkdir(parents=True, exist_ok=True)
     if cfg.cluster.serve_replicas > 1 and server is None:
-        from experiments.cluster import run_on_replicas
-
         with stop_server_on_signals():
             return run_on_replicas(cfg, run_dir, resume, force, progress)
     with stop_server_on_signals():
@@ -612,3 +610,113 @@ def _record(run_dir: Path, server: ModelServer, first_event: int) -> None:
         )
     finally:
         store.close()
+
+
+# -- replicas on a Ray cluster ----------------------------------------------------------------------------
+class ReplicaActor:
+    """A Ray actor that runs one supervised model server on its node, on the node's address."""
+
+    def __init__(self) -> None:
+        self.server: Any = None
+
+    def start(self, values: dict[str, Any], index: int, run_dir: str) -> dict[str, Any]:
+        import ray
+
+        cfg = from_mapping(values, source="served replica")
+        host = ray.util.get_node_ip_address()
+        port = cfg.server.serve_port + index  # replicas may share a node
+        if not port_free(host, port):
+            port = free_port(host)
+        logs = Path(run_dir)
+        settings = serve_settings(
+            cfg.replace(serve_port=port, base_url=None),
+            logs / f"server-{index}.log",
+            logs / f"server-{index}.pid",
+            host=host,
+        )
+        self.server = ModelServer(settings).start()
+        return {
+            "url": settings.url,
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "host": socket.gethostname(),
+            "log": str(settings.log_path),
+        }
+
+    def stop(self) -> dict[str, Any]:
+        if self.server is None:
+            return {}
+        self.server.stop()
+        return {"restarts": self.server.restarts, "failed": self.server.failed}
+
+
+def _repoint(run_dir: Path, base_url: str) -> None:
+    """A resumed run's replicas listen elsewhere now: its manifest gets their URLs (an event
+    records the move; which server answers never changes a result)."""
+    from experiments.store import RunStore
+
+    if not (run_dir / "run.sqlite").is_file():
+        return
+    store = RunStore(run_dir)
+    try:
+        manifest = store.get_meta("manifest") or {}
+        old = manifest.get("config", {}).get("base_url")
+        if manifest and old != base_url:
+            manifest["config"]["base_url"] = base_url
+            store.set_meta("manifest", manifest)
+            store.log_event("serve_replicas", json.dumps({"from": old, "to": base_url}))
+    finally:
+        store.close()
+
+
+def run_on_replicas(
+    cfg: RunConfig, run_dir: Path, resume: str | None, force: bool, progress: Any = None
+) -> Path:
+    """``runner.run`` against ``serve_replicas`` model servers started as Ray actors (each
+    reserving the model's GPUs, spread over the nodes); stops them at the end."""
+    from experiments.ray_session import alive_nodes, check_fits, gpu_options, model_gpus, session
+    from experiments.runner import run
+    from experiments.store import RunStore
+
+    with session(str(cfg.cluster.address)) as ray:
+        options = {"num_cpus": 1, **gpu_options(cfg, model_gpus(cfg))}
+        check_fits("serve replica", options, alive_nodes(ray))
+        replica = ray.remote(ReplicaActor).options(
+            max_restarts=0, scheduling_strategy="SPREAD", **options
+        )
+        actors = [replica.remote() for _ in range(cfg.cluster.serve_replicas)]
+        infos: list[dict[str, Any]] = []
+        try:
+            starts = [a.start.remote(cfg.to_dict(), i, str(run_dir)) for i, a in enumerate(actors)]
+            try:
+                infos = ray.get(starts)
+            except ray.exceptions.RayTaskError as exc:
+                raise ServeError(f"a served replica did not start: {exc.cause}") from None
+            urls = ",".join(info["url"] for info in infos)
+            log.info("serving %s on %s", cfg.models.model, urls)
+            served = served_config(cfg.replace(run_dir=str(run_dir)), cfg.server.serve_port)
+            if resume:
+                _repoint(run_dir, urls)
+            return run(served.replace(base_url=urls), resume=resume, force=force, progress=progress)
+        finally:
+            ends = _stop_replicas(ray, actors)
+            if infos and (run_dir / "run.sqlite").is_file():
+                store = RunStore(run_dir)
+                try:
+                    replicas = [{**i, **e} for i, e in zip(infos, ends, strict=True)]
+                    store.set_meta("server", {"replicas": replicas})
+                finally:
+                    store.close()
+
+
+def _stop_replicas(ray: Any, actors: list[Any]) -> list[dict[str, Any]]:
+    """Stop each replica's server (SIGTERM, then SIGKILL), then the actors; how each ended."""
+    stops = [a.stop.remote() for a in actors]
+    ray.wait(stops, num_returns=len(stops), timeout=120.0)
+    ends = []
+    for ref, actor in zip(stops, actors, strict=True):
+        try:
+            ends.append(ray.get(ref, timeout=0))
+        except Exception as exc:  # noqa: BLE001 - a replica that is gone has nothing to stop
+            ends.append({"failed": f"{type(exc).__name__}"})
+        ray.kill(actor, no_restart=True)
+    return ends

@@ -1,6 +1,6 @@
 """A real Ray cluster on this machine for tests: a head and worker nodes, each a raylet with its
 own CPUs and custom resources (``ray.cluster_utils.Cluster``), connected the way ``--ray``
-connects (``experiments.cluster.connect``). Small on purpose: Ray on a shared 2-core machine is
+connects (``experiments.ray_session.connect``). Small on purpose: Ray on a shared 2-core machine is
 slow to start, so each test module starts one and reuses it."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def ray_cluster(head: dict[str, Any], *workers: dict[str, Any]) -> Iterator[Any]
     import ray
     from ray.cluster_utils import Cluster
 
-    from experiments.cluster import connect
+    from experiments.ray_session import connect
 
     cluster = Cluster(initialize_head=True, head_node_args={"include_dashboard": False, **head})
     try:

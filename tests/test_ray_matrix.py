@@ -216,7 +216,7 @@ def test_a_removed_node_s_job_is_re_run_and_resumed_with_nothing_lost(
 
 
 def test_a_job_reserves_its_model_s_gpus_and_its_env_workers_cpus():
-    from experiments.cluster import job_resources, model_gpus
+    from experiments.ray_session import job_resources, model_gpus
     from experiments.serve import serve_template
 
     def cfg(**kw: Any) -> RunConfig:
