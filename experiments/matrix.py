@@ -269,7 +269,7 @@ def plan_job(cfg: RunConfig, needs_data: bool = False) -> dict[str, Any]:
 
 def _games_not_present(cfg: RunConfig, needs_data: bool) -> tuple[int, str] | None:
     """(games, note) when a plan cannot list the games without making or finding them."""
-    from envs.discovery import SPLITS, TASK_TYPES
+    from envs.discovery import SPLITS, TASK_TYPES, split_dir
     from experiments.runner import generated_games_dir, textworld_cache_dir
 
     if cfg.gameset.env == "textworld":
@@ -280,16 +280,20 @@ def _games_not_present(cfg: RunConfig, needs_data: bool) -> tuple[int, str] | No
             n,
             f"{n} TextWorld games generated on first run (seed {cfg.protocol.seed}; not made yet)",
         )
-    if data_root(cfg):
+    root_dir = data_root(cfg)
+    if root_dir and split_dir(Path(root_dir), cfg.gameset.split).is_dir():
         return None
-    if needs_data:
+    if root_dir or needs_data:
         total = SPLIT_SIZES.get(cfg.gameset.split)
         n = len(cfg.gameset.game_ids) or min(
             cfg.gameset.games or total or 0, total or cfg.gameset.games or 0
         )
-        return n, (
-            f"{n} games of {cfg.gameset.split} (data not present: set $ALFWORLD_DATA or pass --data DIR)"
+        where = (
+            f"{split_dir(Path(root_dir), cfg.gameset.split)} is missing"
+            if root_dir
+            else "data not present: set $ALFWORLD_DATA or pass --data DIR"
         )
+        return n, f"{n} games of {cfg.gameset.split} ({where})"
     root = generated_games_dir(cfg)
     if (root / SPLITS.get(cfg.gameset.split, cfg.gameset.split) / ".complete").is_file():
         return None

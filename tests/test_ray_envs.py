@@ -4,8 +4,6 @@ whole runs whose episodes equal the local pool's."""
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -91,29 +89,20 @@ def test_a_run_on_ray_env_workers_equals_the_local_pool_even_when_an_actor_dies(
     local = run(_config(generated_games, tmp_path / "local"))
 
     pools: list[Any] = []
-    build = ray_pool.RayEnvPool.__init__
-
-    def keep(self: Any, *args: Any, **kwargs: Any) -> None:
-        build(self, *args, **kwargs)
-        pools.append(self)
-
-    monkeypatch.setattr(ray_pool.RayEnvPool, "__init__", keep)
     killed: list[str] = []
+    submit = ray_pool.RayEnvPool.submit
 
-    def kill_one_mid_episode() -> None:  # once slot 0's episode has taken two actions
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if pools and len(pools[0].actions(0)) >= 2:
-                killed.append(pools[0].placement()[0]["node_id"])
-                ray.kill(pools[0].actor(0))
-                return
-            time.sleep(0.02)
+    def kill_then_submit(self: Any, calls: dict[int, Any]) -> None:
+        # slot 0's actor dies just as its episode sends a third action: mid-episode for sure
+        if not killed and isinstance(calls.get(0), str) and len(self.actions(0)) >= 2:
+            pools.append(self)
+            killed.append(self.placement()[0]["node_id"])
+            ray.kill(self.actor(0))
+        submit(self, calls)
 
-    killer = threading.Thread(target=kill_one_mid_episode)
-    killer.start()
+    monkeypatch.setattr(ray_pool.RayEnvPool, "submit", kill_then_submit)
     cfg = _config(generated_games, tmp_path / "ray", ray=cluster.address, env_workers_on_ray=True)
     on_ray = run(cfg)
-    killer.join()
 
     assert snapshot(on_ray) == snapshot(local)
     assert killed and pools[0].restarts >= 1

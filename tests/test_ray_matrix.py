@@ -9,7 +9,6 @@ import json
 import os
 import shlex
 import signal
-import sqlite3
 import sys
 import threading
 import time
@@ -26,7 +25,7 @@ from experiments.config import RunConfig
 from experiments.errors import ConfigError
 from experiments.store import RunStore
 from tests.raycluster import ray_cluster
-from tests.test_runner import snapshot
+from tests.test_runner import snapshot, steps_written
 
 ROOT = Path(__file__).resolve().parent.parent
 SPLIT = "eval_out_of_distribution"
@@ -162,14 +161,6 @@ def test_served_replicas_start_on_the_cluster_and_serve_the_run(cluster, generat
     assert all("[reflexsim serve] stopped" in Path(r["log"]).read_text() for r in replicas)
 
 
-def _steps(run_dir: Path) -> int:
-    try:
-        with sqlite3.connect(f"file:{run_dir / 'run.sqlite'}?mode=ro", uri=True) as conn:
-            return int(conn.execute("SELECT COUNT(*) FROM steps").fetchone()[0])
-    except sqlite3.Error:
-        return 0
-
-
 def test_a_removed_node_s_job_is_re_run_and_resumed_with_nothing_lost(
     cluster, preset, reference, tmp_path
 ):
@@ -187,14 +178,14 @@ def test_a_removed_node_s_job_is_re_run_and_resumed_with_nothing_lost(
         for name in JOBS:
             job_dir = root / name
             placed = ray_cluster_module.read_placement(job_dir)
-            if placed and placed[-1]["node_id"] == other and _steps(job_dir) >= 1:
+            if placed and placed[-1]["node_id"] == other and steps_written(job_dir) >= 1:
                 if matrix.job_status(job_dir) == "complete":
                     continue
                 # the node dies with everything on it: freeze its job, drop the node, kill the job
                 os.kill(placed[-1]["pid"], signal.SIGSTOP)
                 cluster.remove_node(next(iter(cluster.worker_nodes)), allow_graceful=False)
                 os.kill(placed[-1]["pid"], signal.SIGKILL)
-                victim.update(name=name, steps=_steps(job_dir))
+                victim.update(name=name, steps=steps_written(job_dir))
                 break
         time.sleep(0.05)
     runner.join(timeout=600)

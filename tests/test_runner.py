@@ -7,6 +7,7 @@ import json
 import os
 import random
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -68,6 +69,15 @@ def snapshot(run_dir: Path) -> dict:
         store.close()
 
 
+def steps_written(run_dir: Path) -> int:
+    """Steps a run (perhaps one in progress, perhaps not started) has committed."""
+    try:
+        with sqlite3.connect(f"file:{run_dir / 'run.sqlite'}?mode=ro", uri=True) as conn:
+            return int(conn.execute("SELECT COUNT(*) FROM steps").fetchone()[0])
+    except sqlite3.Error:
+        return 0
+
+
 @pytest.mark.slow
 def test_kill9_at_random_moments_then_resume_gives_identical_results(generated_games, tmp_path):
     args = ["--model", "scripted:learner", "--data", str(generated_games), "--split", SPLIT,
@@ -79,13 +89,20 @@ def test_kill9_at_random_moments_then_resume_gives_identical_results(generated_g
     rng = random.Random(1234)
     kills = 0
     started = False
-    while kills < 10:
+    while kills < 6:
         cmd = [sys.executable, str(ROOT / "run_alfworld.py"), *args]
         cmd += ["--resume", str(interrupted)] if started else ["--run-dir", str(interrupted)]
         proc = subprocess.Popen(
             cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
         )
-        time.sleep(rng.uniform(1.0, 6.0))
+        # a random moment once this process has written a step of its own (so every round
+        # makes progress, however slowly the machine starts processes)
+        written = steps_written(interrupted)
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and steps_written(interrupted) <= written:
+            assert time.monotonic() < deadline, "the run wrote no step in 120 s"
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0.0, 0.4))
         if proc.poll() is not None:
             assert proc.returncode == 0, proc.stderr.read().decode()[-2000:] if proc.stderr else ""
             break
@@ -147,7 +164,8 @@ def test_retries_recover_every_request(generated_games, tmp_path):
 
 
 class _KillingBackend:
-    """Scripted expert text; on its 4th call it SIGKILLs the env worker of slot 0."""
+    """Scripted expert text; once an episode has taken two actions, it SIGKILLs that episode's
+    env worker (once), while the model is answering."""
 
     def __init__(self, pool) -> None:
         from agents.llm import make_backend
@@ -155,12 +173,13 @@ class _KillingBackend:
         self.inner = make_backend("scripted:expert")
         self.name = "killer"
         self.pool = pool
-        self.calls = 0
+        self.killed = False
 
     def generate(self, requests):
-        self.calls += 1
-        if self.calls == 4:
-            os.kill(self.pool.pid(0), signal.SIGKILL)
+        slot = next((s for s in range(self.pool.slots) if len(self.pool.actions(s)) >= 2), None)
+        if not self.killed and slot is not None:
+            os.kill(self.pool.pid(slot), signal.SIGKILL)
+            self.killed = True
             time.sleep(0.2)
         return self.inner.generate(requests)
 
