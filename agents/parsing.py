@@ -62,3 +62,15 @@ def parse_action(raw: str, rules: GroundingRules = GroundingRules()) -> ParsedAc
             applied.append("put_to_move")
     line = " ".join(line.split())
     return ParsedAction(StepKind.ACT, text, line, tuple(applied))
+
+
+def was_mapped(raw_output: str, action: str) -> bool:
+    """Whether an executed command is neither what the model wrote nor its rewrite by the
+    grounding rules: a command that ``nearest`` decoding chose for it. Viewers mark such steps."""
+    if not action:
+        return False
+    written = {
+        parse_action(raw_output, rules).action
+        for rules in (GroundingRules.none(), GroundingRules())
+    }
+    return action not in written

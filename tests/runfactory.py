@@ -82,7 +82,8 @@ def episode_steps(outcome: str) -> list[Step]:
     ]  # fmt: skip
     if outcome == "won":
         steps.append(
-            step(4, "act", " move apple 1 to fridge 1", "move apple 1 to fridge 1",
+            # written loosely; nearest decoding chose the admissible command (a mapped step)
+            step(4, "act", " move the apple to the fridge", "move apple 1 to fridge 1",
                  "You move the apple 1 to the fridge 1.", reward=1.0, won=True)
         )  # fmt: skip
     elif outcome.startswith("fail:"):

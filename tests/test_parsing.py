@@ -56,3 +56,12 @@ def test_no_string_crashes_the_parser(raw):
 def test_no_string_crashes_any_rule_set(raw, a, b, c):
     p = parse_action(raw, GroundingRules(put_to_move=a, lowercase=b, strip_prompt_marks=c))
     assert isinstance(p.action, str)
+
+
+def test_a_step_is_mapped_only_when_the_command_is_not_the_model_s_own() -> None:
+    from agents.parsing import was_mapped
+
+    assert not was_mapped(" go to desk 1\n", "go to desk 1")
+    assert not was_mapped("> Put apple 2 in fridge 1", "move apple 2 to fridge 1")  # the rules
+    assert was_mapped(" walk over to the desk", "go to desk 1")  # nearest decoding chose it
+    assert not was_mapped("", "")

@@ -89,7 +89,7 @@ def test_kill9_at_random_moments_then_resume_gives_identical_results(generated_g
     rng = random.Random(1234)
     kills = 0
     started = False
-    while kills < 6:
+    while kills < 10:
         cmd = [sys.executable, str(ROOT / "run_alfworld.py"), *args]
         cmd += ["--resume", str(interrupted)] if started else ["--run-dir", str(interrupted)]
         proc = subprocess.Popen(

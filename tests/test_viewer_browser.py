@@ -153,6 +153,11 @@ def click_through(p: _Page, url: str, run: Path) -> None:
     assert page.locator("[data-testid=detail-observation]").text_content() == (
         "You move the apple 1 to the fridge 1."
     )
+    # the executed command is not what the model wrote: the step is marked as mapped
+    mapped = page.locator("[data-testid=step] [data-testid=mapped]")
+    assert mapped.count() == 1
+    assert mapped.get_attribute("title") == "the model wrote: move the apple to the fridge"
+    assert page.locator("[data-testid=detail-mapped]").is_visible()
 
     assert page.evaluate("typeof window.__pwned") == "undefined"
     assert page.locator("img[src=x]").count() == 0

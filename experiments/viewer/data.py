@@ -7,10 +7,11 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from agents.parsing import was_mapped
 from agents.prompting import transcript_action
 from agents.react import prompt_at
 from experiments.store import EpisodeRow, RunReader, StepCounts
-from memory.records import SearchTree, Step
+from memory.records import SearchTree, Step, StepKind
 
 
 def step_prompt(episode: EpisodeRow, steps: Sequence[Step], index: int) -> str:
@@ -103,7 +104,12 @@ def episode_detail(reader: RunReader, episode: EpisodeRow, steps: Sequence[Step]
             else None
         ),
         "steps": [
-            {**s.to_dict(), "kind": str(s.kind), "transcript_action": transcript_action(s)}
+            {
+                **s.to_dict(),
+                "kind": str(s.kind),
+                "transcript_action": transcript_action(s),
+                "mapped": s.kind == StepKind.ACT and was_mapped(s.raw_output, s.action),
+            }
             for s in steps
         ],
         "tree": tree_view(reader.search_tree(episode.episode_id)),

@@ -356,9 +356,19 @@
   function stepClasses(step) {
     const classes = ["step", "kind-" + step.kind];
     if (step.kind === "act" && !step.admissible) classes.push("inadmissible");
+    if (step.mapped) classes.push("mapped");
     if (step.won) classes.push("won");
     if (step.verdict) classes.push("has-verdict");
     return classes.join(" ");
+  }
+  function mappedBadge(step) {
+    // the executed command is not what the model wrote: nearest decoding chose it
+    return h("span", {
+      class: "badge mapped-badge",
+      testid: "mapped",
+      title: "the model wrote: " + step.raw_output.trim().split("\n")[0],
+      text: "mapped",
+    });
   }
   function actionText(step) {
     if (step.kind === "think") return step.action.replace(/^think:\s*/i, "");
@@ -417,6 +427,7 @@
         h("dt", { text: "model output (raw)" }),
         h("dd", null, h("pre", { class: "model-text", testid: "raw-output", text: step.raw_output })),
         field(step.kind === "think" ? "thought" : "executed action", step.action, "detail-action"),
+        step.mapped ? field("decoding", "mapped to the nearest admissible command", "detail-mapped") : null,
         h("dt", { text: "observation" }),
         h("dd", null, h("pre", { testid: "detail-observation", text: step.observation })),
         field("admissible", step.admissible ? "yes" : "no"),
@@ -436,7 +447,11 @@
         { class: stepClasses(step), testid: "step", "data-index": step.index, tabindex: 0 },
         h("td", { class: "idx", text: String(step.index) }),
         h("td", { class: "kind", text: kindText(step) }),
-        h("td", { class: "action model-text", text: actionText(step) }),
+        h(
+          "td",
+          { class: "action model-text", text: actionText(step) },
+          step.mapped ? mappedBadge(step) : null,
+        ),
         h("td", { class: "obs", text: step.observation }),
       );
       const toggle = () => {
@@ -605,7 +620,7 @@
         h(
           "li",
           { class: stepClasses(s) },
-          h("div", { class: "action model-text", text: (s.kind === "act" ? "> " : s.kind === "think" ? "think: " : "") + actionText(s) + (s.kind === "act" && !s.admissible ? "   [not admissible]" : "") }),
+          h("div", { class: "action model-text", text: (s.kind === "act" ? "> " : s.kind === "think" ? "think: " : "") + actionText(s) + (s.kind === "act" && !s.admissible ? "   [not admissible]" : "") + (s.mapped ? "   [mapped]" : "") }),
           h("div", { class: "obs", text: s.observation }),
         ),
       ),
