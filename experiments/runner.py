@@ -82,8 +82,14 @@ def select_games(cfg: RunConfig) -> GameSet:
 
 
 def generated_games_dir(cfg: RunConfig) -> Path:
-    """Where the default generated ALFWorld games for this config are kept."""
-    return DEFAULT_GAMES / f"seed{cfg.protocol.seed}-n{cfg.gameset.generate_per_type}"
+    """Where the default generated ALFWorld games for this config are kept (per generator
+    version: a newer generator never reuses an older one's games)."""
+    from envs.alfgen import GENERATOR_VERSION
+
+    return (
+        DEFAULT_GAMES
+        / f"v{GENERATOR_VERSION}-seed{cfg.protocol.seed}-n{cfg.gameset.generate_per_type}"
+    )
 
 
 def _generated_default(cfg: RunConfig) -> Path:

@@ -20,4 +20,8 @@ split (``UNSEEN_EVAL_SCENES``); games for that split use only those rooms.
 from envs.alfgen.generator import GameFiles, GameMaker, generate
 from envs.alfgen.scenes import UNSEEN_EVAL_SCENES
 
-__all__ = ["UNSEEN_EVAL_SCENES", "GameFiles", "GameMaker", "generate"]
+# Bumped whenever the same seed makes different games: caches of generated games are kept per
+# version (2: drawn from the train split's statistics).
+GENERATOR_VERSION = 2
+
+__all__ = ["GENERATOR_VERSION", "UNSEEN_EVAL_SCENES", "GameFiles", "GameMaker", "generate"]
