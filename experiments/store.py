@@ -481,8 +481,18 @@ def _present(conn: sqlite3.Connection) -> frozenset[str]:
     return frozenset(r[0] for r in rows) & frozenset(_ADDED_NAMES)
 
 
-def _cannot_open(run_dir: Path, exc: sqlite3.Error) -> RunStoreError:
-    return RunStoreError(f"cannot read the run store in {str(run_dir)!r}: {exc}")
+@contextmanager
+def _opening(conn: sqlite3.Connection, run_dir: Path) -> Iterator[None]:
+    """Close ``conn`` when opening the store fails; an SQLite error becomes a one-line
+    RunStoreError."""
+    try:
+        yield
+    except sqlite3.Error as exc:
+        conn.close()
+        raise RunStoreError(f"cannot read the run store in {str(run_dir)!r}: {exc}") from None
+    except RunStoreError:
+        conn.close()
+        raise
 
 
 class RunReader:
@@ -498,7 +508,7 @@ class RunReader:
         self._locate(run_dir)
         uri = f"file:{self.path}?mode=ro"
         self._conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
-        try:
+        with _opening(self._conn, self.run_dir):
             version = _stored_version(self._conn, self.run_dir)
             if version is None:
                 raise RunStoreError(
@@ -506,12 +516,6 @@ class RunReader:
                 )
             for statement in _READ_VIEWS.get(version, ()):
                 self._conn.execute(statement)
-        except sqlite3.Error as exc:
-            self._conn.close()
-            raise _cannot_open(self.run_dir, exc) from None
-        except RunStoreError:
-            self._conn.close()
-            raise
         self.schema_version = version
         self._conn.row_factory = sqlite3.Row
         self._added = _present(self._conn)
@@ -855,17 +859,11 @@ class RunStore(RunReader):
         self._conn = sqlite3.connect(
             self.path, isolation_level=None, timeout=30, check_same_thread=False
         )
-        try:
+        with _opening(self._conn, self.run_dir):
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=NORMAL")
             with self.transaction():
                 self._upgrade()
-        except sqlite3.Error as exc:
-            self._conn.close()
-            raise _cannot_open(self.run_dir, exc) from None
-        except RunStoreError:
-            self._conn.close()
-            raise
         self._conn.row_factory = sqlite3.Row
         self._added = frozenset(_ADDED_NAMES)
 
