@@ -541,6 +541,17 @@ class RunReader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _select(
+        self, cols: str, table: str, order: str, key: str, value: object
+    ) -> list[sqlite3.Row]:
+        """``cols`` of the rows of ``table`` in ``order``: all of them, or, when ``value`` is not
+        None, those whose ``key`` is ``value``."""
+        if value is None:
+            return self._conn.execute(f"SELECT {cols} FROM {table} ORDER BY {order}").fetchall()
+        return self._conn.execute(
+            f"SELECT {cols} FROM {table} WHERE {key}=? ORDER BY {order}", (value,)
+        ).fetchall()
+
     # -- meta --------------------------------------------------------------------------------
     def get_meta(self, key: str, default: Any = None) -> Any:
         row = self._conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
@@ -635,14 +646,7 @@ class RunReader:
     # -- reflections -------------------------------------------------------------------------
     def reflections(self, task: str | None = None) -> list[Reflection]:
         cols = "task, trial, episode_id, model, prompt_hash, text"
-        if task is None:
-            rows = self._conn.execute(
-                f"SELECT {cols} FROM reflections ORDER BY task, trial"
-            ).fetchall()
-        else:
-            rows = self._conn.execute(
-                f"SELECT {cols} FROM reflections WHERE task=? ORDER BY trial", (task,)
-            ).fetchall()
+        rows = self._select(cols, "reflections", "task, trial", "task", task)
         return [Reflection(**dict(r)) for r in rows]
 
     def reflection_notes(self, task: str | None = None) -> list[ReflectionNote]:
@@ -650,14 +654,7 @@ class RunReader:
         if "reflection_notes" not in self._added:
             return []
         cols = ", ".join(f.name for f in dataclasses.fields(ReflectionNote))
-        if task is None:
-            rows = self._conn.execute(
-                f"SELECT {cols} FROM reflection_notes ORDER BY task, trial"
-            ).fetchall()
-        else:
-            rows = self._conn.execute(
-                f"SELECT {cols} FROM reflection_notes WHERE task=? ORDER BY trial", (task,)
-            ).fetchall()
+        rows = self._select(cols, "reflection_notes", "task, trial", "task", task)
         return [ReflectionNote(**dict(r)) for r in rows]
 
     # -- search trees ------------------------------------------------------------------------
@@ -765,13 +762,7 @@ class RunReader:
         return [{**dataclasses.asdict(t), "tasks": list(t.tasks)} for t in self.trial_rows()]
 
     def event_rows(self, kind: str | None = None) -> list[EventRow]:
-        if kind is None:
-            rows = self._conn.execute("SELECT * FROM events ORDER BY id").fetchall()
-        else:
-            rows = self._conn.execute(
-                "SELECT * FROM events WHERE kind=? ORDER BY id", (kind,)
-            ).fetchall()
-        return [EventRow(**dict(r)) for r in rows]
+        return [EventRow(**dict(r)) for r in self._select("*", "events", "id", "kind", kind)]
 
     def events(self, kind: str | None = None) -> list[dict[str, Any]]:
         """``event_rows`` as dicts."""
@@ -787,12 +778,7 @@ class RunReader:
     def model_calls(self, episode: str | None = None) -> list[ModelCall]:
         """Recorded model calls in the order they were made (all, or one episode's)."""
         cols = _CALL_COLUMNS.removesuffix(", created_at")
-        if episode is None:
-            rows = self._conn.execute(f"SELECT {cols} FROM model_calls ORDER BY id").fetchall()
-        else:
-            rows = self._conn.execute(
-                f"SELECT {cols} FROM model_calls WHERE episode_id=? ORDER BY id", (episode,)
-            ).fetchall()
+        rows = self._select(cols, "model_calls", "id", "episode_id", episode)
         return [ModelCall(**dict(r)) for r in rows]
 
     def calls_by_purpose(self) -> dict[str, CallTotals]:
