@@ -23,7 +23,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,19 +30,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from timing import median_time  # noqa: E402
+
 from agents.llm import GenerationConfig, Request, make_backend  # noqa: E402
 from agents.llm.llamacpp_backend import embedded_model_path  # noqa: E402
 
 GREEDY = GenerationConfig(temperature=0.0, max_tokens=16, stop=("\n",), seed=0)
-
-
-def median_time(fn: Callable[[], Any], repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def free_port() -> int:

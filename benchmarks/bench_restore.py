@@ -12,30 +12,19 @@ Run: ``python benchmarks/bench_restore.py [--repeats 5]``.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from timing import median_time  # noqa: E402
 
 from envs.alfgen import generate  # noqa: E402
 from envs.alfworld_env import ALFWorldEnv  # noqa: E402
 
 SPLIT = "eval_out_of_distribution"
-
-
-def median_time(fn: Callable[[], Any], repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main() -> None:

@@ -24,12 +24,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from timing import median_time  # noqa: E402
 
 from agents.llm import GenerationConfig, Request, make_backend  # noqa: E402
 from experiments.config import RunConfig  # noqa: E402
@@ -45,15 +45,6 @@ FaultServer(FaultPlan(latency_s=float(sys.argv[3])), port=int(sys.argv[1])).star
 print("ready", flush=True)
 signal.pause()
 """
-
-
-def median_time(fn: Callable[[], Any], repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def batch(n: int, step: int) -> list[Request]:

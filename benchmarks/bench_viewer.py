@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import sqlite3
-import statistics
 import sys
 import tempfile
 import threading
@@ -26,6 +25,7 @@ from urllib.parse import quote
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from runfactory import TaskPlan, episode_steps, game_id, make_run  # noqa: E402
+from timing import median_time  # noqa: E402
 
 from experiments.report import write_report  # noqa: E402
 from experiments.store import RunStore, episode_id, open_reader  # noqa: E402
@@ -36,12 +36,7 @@ TYPES = ("put", "clean", "heat", "cool", "examine", "puttwo")
 
 
 def median_ms(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return 1000 * statistics.median(times)
+    return 1000 * median_time(fn, repeats)
 
 
 def main() -> None:

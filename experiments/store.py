@@ -481,8 +481,18 @@ def _present(conn: sqlite3.Connection) -> frozenset[str]:
     return frozenset(r[0] for r in rows) & frozenset(_ADDED_NAMES)
 
 
-def _cannot_open(run_dir: Path, exc: sqlite3.Error) -> RunStoreError:
-    return RunStoreError(f"cannot read the run store in {str(run_dir)!r}: {exc}")
+@contextmanager
+def _opening(conn: sqlite3.Connection, run_dir: Path) -> Iterator[None]:
+    """Close ``conn`` when opening the store fails; an SQLite error becomes a one-line
+    RunStoreError."""
+    try:
+        yield
+    except sqlite3.Error as exc:
+        conn.close()
+        raise RunStoreError(f"cannot read the run store in {str(run_dir)!r}: {exc}") from None
+    except RunStoreError:
+        conn.close()
+        raise
 
 
 class RunReader:
@@ -498,7 +508,7 @@ class RunReader:
         self._locate(run_dir)
         uri = f"file:{self.path}?mode=ro"
         self._conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
-        try:
+        with _opening(self._conn, self.run_dir):
             version = _stored_version(self._conn, self.run_dir)
             if version is None:
                 raise RunStoreError(
@@ -506,12 +516,6 @@ class RunReader:
                 )
             for statement in _READ_VIEWS.get(version, ()):
                 self._conn.execute(statement)
-        except sqlite3.Error as exc:
-            self._conn.close()
-            raise _cannot_open(self.run_dir, exc) from None
-        except RunStoreError:
-            self._conn.close()
-            raise
         self.schema_version = version
         self._conn.row_factory = sqlite3.Row
         self._added = _present(self._conn)
@@ -536,6 +540,17 @@ class RunReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _select(
+        self, cols: str, table: str, order: str, key: str, value: object
+    ) -> list[sqlite3.Row]:
+        """``cols`` of the rows of ``table`` in ``order``: all of them, or, when ``value`` is not
+        None, those whose ``key`` is ``value``."""
+        if value is None:
+            return self._conn.execute(f"SELECT {cols} FROM {table} ORDER BY {order}").fetchall()
+        return self._conn.execute(
+            f"SELECT {cols} FROM {table} WHERE {key}=? ORDER BY {order}", (value,)
+        ).fetchall()
 
     # -- meta --------------------------------------------------------------------------------
     def get_meta(self, key: str, default: Any = None) -> Any:
@@ -631,14 +646,7 @@ class RunReader:
     # -- reflections -------------------------------------------------------------------------
     def reflections(self, task: str | None = None) -> list[Reflection]:
         cols = "task, trial, episode_id, model, prompt_hash, text"
-        if task is None:
-            rows = self._conn.execute(
-                f"SELECT {cols} FROM reflections ORDER BY task, trial"
-            ).fetchall()
-        else:
-            rows = self._conn.execute(
-                f"SELECT {cols} FROM reflections WHERE task=? ORDER BY trial", (task,)
-            ).fetchall()
+        rows = self._select(cols, "reflections", "task, trial", "task", task)
         return [Reflection(**dict(r)) for r in rows]
 
     def reflection_notes(self, task: str | None = None) -> list[ReflectionNote]:
@@ -646,14 +654,7 @@ class RunReader:
         if "reflection_notes" not in self._added:
             return []
         cols = ", ".join(f.name for f in dataclasses.fields(ReflectionNote))
-        if task is None:
-            rows = self._conn.execute(
-                f"SELECT {cols} FROM reflection_notes ORDER BY task, trial"
-            ).fetchall()
-        else:
-            rows = self._conn.execute(
-                f"SELECT {cols} FROM reflection_notes WHERE task=? ORDER BY trial", (task,)
-            ).fetchall()
+        rows = self._select(cols, "reflection_notes", "task, trial", "task", task)
         return [ReflectionNote(**dict(r)) for r in rows]
 
     # -- search trees ------------------------------------------------------------------------
@@ -761,13 +762,7 @@ class RunReader:
         return [{**dataclasses.asdict(t), "tasks": list(t.tasks)} for t in self.trial_rows()]
 
     def event_rows(self, kind: str | None = None) -> list[EventRow]:
-        if kind is None:
-            rows = self._conn.execute("SELECT * FROM events ORDER BY id").fetchall()
-        else:
-            rows = self._conn.execute(
-                "SELECT * FROM events WHERE kind=? ORDER BY id", (kind,)
-            ).fetchall()
-        return [EventRow(**dict(r)) for r in rows]
+        return [EventRow(**dict(r)) for r in self._select("*", "events", "id", "kind", kind)]
 
     def events(self, kind: str | None = None) -> list[dict[str, Any]]:
         """``event_rows`` as dicts."""
@@ -783,12 +778,7 @@ class RunReader:
     def model_calls(self, episode: str | None = None) -> list[ModelCall]:
         """Recorded model calls in the order they were made (all, or one episode's)."""
         cols = _CALL_COLUMNS.removesuffix(", created_at")
-        if episode is None:
-            rows = self._conn.execute(f"SELECT {cols} FROM model_calls ORDER BY id").fetchall()
-        else:
-            rows = self._conn.execute(
-                f"SELECT {cols} FROM model_calls WHERE episode_id=? ORDER BY id", (episode,)
-            ).fetchall()
+        rows = self._select(cols, "model_calls", "id", "episode_id", episode)
         return [ModelCall(**dict(r)) for r in rows]
 
     def calls_by_purpose(self) -> dict[str, CallTotals]:
@@ -855,17 +845,11 @@ class RunStore(RunReader):
         self._conn = sqlite3.connect(
             self.path, isolation_level=None, timeout=30, check_same_thread=False
         )
-        try:
+        with _opening(self._conn, self.run_dir):
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=NORMAL")
             with self.transaction():
                 self._upgrade()
-        except sqlite3.Error as exc:
-            self._conn.close()
-            raise _cannot_open(self.run_dir, exc) from None
-        except RunStoreError:
-            self._conn.close()
-            raise
         self._conn.row_factory = sqlite3.Row
         self._added = frozenset(_ADDED_NAMES)
 

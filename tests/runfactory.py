@@ -23,6 +23,10 @@ STEP_CACHED_TOKENS = 80
 REFLECTION_PROMPT_TOKENS = 50
 REFLECTION_COMPLETION_TOKENS = 20
 
+# The run directories committed under experiments/results (none in a checkout without them).
+RESULTS = Path(__file__).resolve().parent.parent / "experiments" / "results"
+COMMITTED = sorted(p.parent for p in RESULTS.glob("*/*/run.sqlite"))
+
 
 @dataclass(frozen=True)
 class TaskPlan:

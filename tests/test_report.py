@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from runfactory import (
+    COMMITTED,
     REFLECTION_COMPLETION_TOKENS,
     REFLECTION_PROMPT_TOKENS,
     STEP_CACHED_TOKENS,
@@ -30,8 +31,6 @@ from experiments.report import PNG_SIZE, summarize_run, wilson_interval, write_r
 from experiments.store import RunStore, open_reader
 from memory.records import ModelCall
 
-ROOT = Path(__file__).resolve().parent.parent
-COMMITTED = sorted(p.parent for p in (ROOT / "experiments" / "results").glob("*/*/run.sqlite"))
 JUDGE_PROMPT_TOKENS = 70
 JUDGE_COMPLETION_TOKENS = 3
 

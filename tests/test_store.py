@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from runfactory import game_id, make_run, standard_tasks
+from runfactory import COMMITTED, game_id, make_run, standard_tasks
 
 from experiments.errors import RunStoreError
 from experiments.store import (
@@ -31,7 +31,6 @@ from experiments.store import (
 from memory.records import EpisodeStatus, FailureClass, ModelCall, Step, StepKind
 
 ROOT = Path(__file__).resolve().parent.parent
-COMMITTED = sorted(p.parent for p in (ROOT / "experiments" / "results").glob("*/*/run.sqlite"))
 needs_committed = pytest.mark.skipif(not COMMITTED, reason="no committed results in this checkout")
 
 
