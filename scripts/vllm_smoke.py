@@ -8,7 +8,8 @@ Mode ``ticks`` (the default) plays what the runner does with several episodes in
 sends the first step of 4 episodes as one batch; tick 2 sends each episode's next step (its
 prompt grown by the action and an observation) plus one chat-message reflection request, again
 as one batch; a replay resends tick 1 unchanged, twice (greedy decoding must give the same texts,
-and the prefix cache must now hold those prompts). The last stdout line is one JSON object; tests
+and the prefix cache must now hold those prompts); then tick 1 again under grounded decoding
+(only one of three commands allowed). The last stdout line is one JSON object; tests
 read it. Other modes (real episodes through the runner) can be added beside ``run_ticks``.
 """
 
@@ -26,11 +27,18 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from agents.llm.base import Completion, GenerationConfig, Message, Request  # noqa: E402
+from agents.llm.base import (  # noqa: E402
+    ActionConstraint,
+    Completion,
+    GenerationConfig,
+    Message,
+    Request,
+)
 from agents.llm.vllm_backend import VLLMBackend  # noqa: E402
 
 ACT = GenerationConfig(temperature=0.0, max_tokens=24, stop=("\n",), seed=0)
 REFLECT = GenerationConfig(temperature=0.0, max_tokens=48, stop=(), seed=0)
+GROUNDED = ActionConstraint(("go to desk 1", "go to shelf 1", "look"), allow_think=False)
 
 PREFIX = """Interact with a household to solve a task. Write one action per line after "> ".
 Here are two examples.
@@ -157,6 +165,10 @@ def run_ticks(backend: VLLMBackend) -> dict[str, Any]:
     tick2, t2 = timed(backend, tick2_requests)
     replay, t3 = timed(backend, [Request(config=ACT, prompt=p) for p in prompts])
     again, t4 = timed(backend, [Request(config=ACT, prompt=p) for p in prompts])
+    # grounded decoding on the batch engine: structured outputs in SamplingParams
+    grounded, t5 = timed(
+        backend, [Request(config=ACT, prompt=p, constraint=GROUNDED) for p in prompts]
+    )
     return {
         "ticks": [
             {"name": "tick1", "wall_s": round(t1, 3), "completions": [summary(c) for c in tick1]},
@@ -169,6 +181,7 @@ def run_ticks(backend: VLLMBackend) -> dict[str, Any]:
             {"name": "replay", "wall_s": round(t3, 3), "completions": [summary(c) for c in replay]},
             {"name": "again", "wall_s": round(t4, 3), "completions": [summary(c) for c in again]},
         ],
+        "grounded": {"wall_s": round(t5, 3), "completions": [summary(c) for c in grounded]},
     }
 
 

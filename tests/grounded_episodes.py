@@ -59,7 +59,7 @@ def play(
     generate: Callable[[list[Request]], Sequence[Completion]],
     data_dir: Path,
     games: int = 3,
-    steps: int = 6,
+    steps: int = 3,
     split: str = "eval_out_of_distribution",
 ) -> list[GroundedStep]:
     """Play ``games`` episodes of up to ``steps`` model calls each; every answer recorded."""
