@@ -454,6 +454,7 @@ class EnvPool(_PoolAPI):
         # per worker: calls waiting for it to finish its batch, and the batch it is working on
         self._outbox: list[deque[tuple[int, Call]]] = [deque() for _ in range(self.workers)]
         self._sent: list[deque[tuple[int, Call]]] = [deque() for _ in range(self.workers)]
+        self._home = [slot % self.workers for slot in range(slots)]  # each slot's worker
         self._progress = [0.0] * self.workers
         self._ready: dict[int, Outcome] = {}  # answered, not yet handed back
         self._busy: set[int] = set()  # submitted, not yet handed back
@@ -463,8 +464,8 @@ class EnvPool(_PoolAPI):
 
     # -- public --------------------------------------------------------------------------
     def worker_of(self, slot: int) -> int:
-        """The index of the worker that serves ``slot``."""
-        return slot % self.workers
+        """The index of the worker that holds ``slot``'s episode (it may change at a reset)."""
+        return self._home[slot]
 
     def pid(self, slot: int) -> int | None:
         """The process id of the worker that serves ``slot`` now."""
@@ -508,7 +509,7 @@ class EnvPool(_PoolAPI):
             if early is not None:
                 self._ready[slot] = early
             else:
-                self._outbox[self.worker_of(slot)].append((slot, call))
+                self._outbox[self._place(slot, call)].append((slot, call))
         self._dispatch()
 
     def collect(self, timeout: float | None = None) -> dict[int, Outcome]:
@@ -561,6 +562,23 @@ class EnvPool(_PoolAPI):
             pass
 
     # -- internals -----------------------------------------------------------------------
+    def _place(self, slot: int, call: Call) -> int:
+        """The worker a call goes to. A slot's steps go where its episode is; a reset that starts
+        another game goes to the worker with the fewest calls waiting or running (the slot's own
+        on a tie) and the slot moves there, so that no worker idles while every episode it holds
+        waits for the model and another worker has resets queued. A reset of the slot's own
+        game (a restore, a re-simulation) stays, for the worker's reset cache. A worker keeps an
+        env for each slot it has held (at most ``slots``)."""
+        home = self._home[slot]
+        if isinstance(call, Reset) and call.game != self._episodes.games[slot]:
+            load = [len(self._outbox[i]) + len(self._sent[i]) for i in range(self.workers)]
+            self._home[slot] = min(range(self.workers), key=lambda i: (load[i], i != home))
+        return self._home[slot]
+
+    def _slots_on(self, index: int) -> list[int]:
+        """The slots whose episodes live on worker ``index``."""
+        return [slot for slot in range(self.slots) if self._home[slot] == index]
+
     def _dispatch(self) -> None:
         """Send each idle worker everything waiting for it, as one message.
 
@@ -645,7 +663,7 @@ class EnvPool(_PoolAPI):
             self._episodes.record(slot, call, self._ready[slot])
         self._sent[index].clear()
         # every other episode on that worker went with it
-        for slot in range(index, self.slots, self.workers):
+        for slot in self._slots_on(index):
             if self._episodes.actions[slot] is not None and self._episodes.lost[slot] is None:
                 self._episodes.lost[slot] = reason
         # queued steps of those episodes are lost too; queued resets go to the new worker

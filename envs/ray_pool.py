@@ -136,6 +136,7 @@ class RayEnvPool(EnvPool):
         self._episodes = _Episodes(slots)
         self._outbox: list[deque[tuple[int, Call]]] = [deque() for _ in range(self.workers)]
         self._sent: list[deque[tuple[int, Call]]] = [deque() for _ in range(self.workers)]
+        self._home = [slot % self.workers for slot in range(slots)]  # each slot's actor
         self._progress = [0.0] * self.workers
         self._ready: dict[int, Outcome] = {}
         self._busy: set[int] = set()
@@ -284,7 +285,7 @@ class RayEnvPool(EnvPool):
         log.warning("%s: replacing it", reason)
         owed = dict(self._sent[index])
         self._sent[index].clear()
-        for slot in range(index, self.slots, self.workers):  # the slots this actor served
+        for slot in self._slots_on(index):  # the slots this actor served
             if slot in owed:
                 self._ready[slot] = crash = self._episodes.crashed(slot, reason, owed[slot])
                 self._episodes.record(slot, owed[slot], crash)

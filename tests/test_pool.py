@@ -268,6 +268,29 @@ def test_more_slots_than_workers() -> None:
         assert isinstance(lost[1], StepResult) and lost[1].info["steps"] == 2
 
 
+def test_a_new_episode_goes_to_the_worker_with_less_work(tmp_path: Path) -> None:
+    """A reset that starts another game goes to the least busy worker (the slot moves with
+    it); a restore of the slot's own game stays where its reset cache is."""
+    gate = tmp_path / "gate"
+    with EnvPool(SLEEPY, workers=2, slots=4, timeout_s=60) as pool:
+        pool.reset_many({s: Reset(f"g{s}") for s in range(4)})
+        assert [pool.worker_of(s) for s in range(4)] == [0, 1, 0, 1]
+        pool.submit({0: f"wait {gate}"})  # worker 0 is busy
+        pool.submit({2: Reset("g9")})  # slot 2's next game: worker 1 is free
+        got = pool.collect()
+        assert set(got) == {2} and got[2].info["pid"] == pool.pid(1)  # type: ignore[union-attr]
+        assert pool.worker_of(2) == 1
+        assert pool.step(2, "wave").info["pid"] == pool.pid(1)  # its steps follow it
+        pool.submit({3: "sleep 0.5"})  # worker 1 busy too: a restore still stays on it
+        pool.submit({2: Reset("g9", None, ("wave",))})
+        gate.touch()
+        answers: dict[int, Any] = {}
+        while len(answers) < 3:
+            answers.update(pool.collect())
+        assert answers[2].info["pid"] == pool.pid(1) and answers[2].info["steps"] == 1
+        assert pool.worker_of(0) == 0 and pool.restarts == 0
+
+
 def test_submit_and_collect_hand_back_each_answer_when_it_arrives(tmp_path: Path) -> None:
     gate = tmp_path / "gate"
     with EnvPool(SLEEPY, workers=2, timeout_s=60) as pool:
