@@ -28,7 +28,7 @@ import signal
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any, Literal, Self
@@ -182,6 +182,13 @@ class _Episodes:
             actions = self.actions[slot]
             assert actions is not None
             actions.append(call)
+
+
+def steps_first(queued: Iterable[tuple[int, Call]]) -> list[tuple[int, Call]]:
+    """Queued (slot, call) pairs in the order a worker runs them: steps (milliseconds each, and
+    a model call waits on every one) before resets (a game's first reset takes most of a
+    second). A slot has one call at a time, so no slot's own order changes."""
+    return sorted(queued, key=lambda item: isinstance(item[1], Reset))
 
 
 def _check_calls(calls: Mapping[int, Call], slots: int) -> None:
@@ -588,7 +595,7 @@ class EnvPool(_PoolAPI):
         for index in range(self.workers):
             if self._sent[index] or not self._outbox[index]:
                 continue
-            batch = list(self._outbox[index])
+            batch = steps_first(self._outbox[index])
             self._outbox[index].clear()
             self._sent[index].extend(batch)
             self._progress[index] = time.monotonic()

@@ -35,6 +35,7 @@ from envs.pool import (
     _Episodes,
     _portable,
     resolve_kind,
+    steps_first,
 )
 
 log = logging.getLogger("envs.ray_pool")
@@ -213,8 +214,9 @@ class RayEnvPool(EnvPool):
         """Send every queued call at once; an actor runs its calls one after another."""
         for index, queued in enumerate(self._outbox):
             actor = self._actors[index]
-            while queued:
-                slot, call = queued.popleft()
+            batch = steps_first(queued)
+            queued.clear()
+            for slot, call in batch:
                 if not self._sent[index]:
                     self._progress[index] = time.monotonic()
                 self._sent[index].append((slot, call))
