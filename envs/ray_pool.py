@@ -251,6 +251,8 @@ class RayEnvPool(EnvPool):
                 actor.where = dict(actor.ping.result())
                 actor.ping = None
                 actor.ready = True
+                # the calls it holds have had no time of their own yet: their timeout starts now
+                self._progress[index] = time.monotonic()
                 log.info("env worker %d runs on node %s (%s)", index,
                          actor.where["node_id"][:12], actor.where["host"])  # fmt: skip
             while actor.futures and actor.futures[0].done():

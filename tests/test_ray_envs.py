@@ -36,6 +36,7 @@ def test_actors_spread_over_the_nodes_answer_like_workers_and_are_replaced(clust
 
     with RayEnvPool(SLEEPY, workers=2, timeout_s=8) as pool:
         started = pool.reset_many({0: Reset("a"), 1: Reset("b")})
+        assert all(isinstance(r, StepResult) for r in started.values()), started
         assert {r.observation for r in started.values()} == {"awake"}  # type: ignore[union-attr]
         assert pool.step(0, "heavy").observation == ""  # nothing heavy imported in an actor
         assert pool.step(1, "wave").info["steps"] == 1
