@@ -53,10 +53,15 @@ def run(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def v1_copy(tmp_path: Path) -> Path:
-    """The smallest committed run (written by version 1), copied."""
-    if not COMMITTED:
-        pytest.skip("no committed results in this checkout")
-    source = min(COMMITTED, key=lambda d: (d / DB_NAME).stat().st_size)
+    """The smallest committed run written by version 1, copied."""
+    written_by_v1 = []
+    for d in COMMITTED:
+        with open_reader(d) as reader:
+            if reader.schema_version == 1:
+                written_by_v1.append(d)
+    if not written_by_v1:
+        pytest.skip("no committed version-1 results in this checkout")
+    source = min(written_by_v1, key=lambda d: (d / DB_NAME).stat().st_size)
     copy = tmp_path / "v1"
     copy.mkdir()
     shutil.copy(source / DB_NAME, copy / DB_NAME)
