@@ -281,7 +281,8 @@ def _games_not_present(cfg: RunConfig, needs_data: bool) -> tuple[int, str] | No
             f"{n} TextWorld games generated on first run (seed {cfg.protocol.seed}; not made yet)",
         )
     root_dir = data_root(cfg)
-    if root_dir and split_dir(Path(root_dir), cfg.gameset.split).is_dir():
+    games_dir = split_dir(Path(root_dir), cfg.gameset.split) if root_dir else None
+    if games_dir is not None and games_dir.is_dir():
         return None
     if root_dir or needs_data:
         total = SPLIT_SIZES.get(cfg.gameset.split)
@@ -289,8 +290,8 @@ def _games_not_present(cfg: RunConfig, needs_data: bool) -> tuple[int, str] | No
             cfg.gameset.games or total or 0, total or cfg.gameset.games or 0
         )
         where = (
-            f"{split_dir(Path(root_dir), cfg.gameset.split)} is missing"
-            if root_dir
+            f"{games_dir} is missing"
+            if games_dir is not None
             else "data not present: set $ALFWORLD_DATA or pass --data DIR"
         )
         return n, f"{n} games of {cfg.gameset.split} ({where})"
