@@ -4,6 +4,7 @@ whole runs whose episodes equal the local pool's."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,9 @@ def test_actors_spread_over_the_nodes_answer_like_workers_and_are_replaced(clust
         with pytest.raises(RuntimeError, match="the env broke"):  # the env's own error
             pool.step(1, "fail")
 
-        ray.kill(pool.actor(1))  # the actor dies (as when its node goes away)
+        dead = pool.actor(1)
+        ray.kill(dead)  # the actor dies (as when its node goes away); ray.kill returns at once,
+        _wait_dead(ray, dead)  # so wait until it is gone before the next call reaches it
         results = pool.step_many({0: "wave", 1: "dance"})
         crash = results[1]
         assert isinstance(crash, WorkerCrashed) and "Ray env worker 1" in crash.reason
@@ -70,6 +73,19 @@ def test_actors_spread_over_the_nodes_answer_like_workers_and_are_replaced(clust
             pool.step(0, "wave")
         assert pool.reset(0, "a", replay=("wave",)).info["steps"] == 1
     assert pool.restarts == 2
+
+
+def _wait_dead(ray: Any, actor: Any, timeout_s: float = 30.0) -> None:
+    from ray.exceptions import RayActorError
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.where.remote(), timeout=timeout_s)
+        except RayActorError:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the killed actor still answers")
 
 
 def _config(games: Path, run_dir: Path, **kw: Any) -> RunConfig:
