@@ -175,6 +175,7 @@ class _Episode:
         self.model = model  # this episode's actor, when it is not the engine's
         self.started = spec.resumed  # its row exists already
         self.resets = 0
+        self.admitted = False  # holds one of the engine's places among the episodes that play
         self._actions: list[str] = []  # env actions since the last reset, for re-simulation
 
     # -- env ------------------------------------------------------------------------------------
@@ -199,7 +200,13 @@ class _Episode:
                 self.spec.episode_id,
             )
         self.resets += 1
+        await self._admit()  # reset ahead of its turn: now wait for a place to play in
         return reply
+
+    async def _admit(self) -> None:
+        if not self.admitted:
+            await self.engine.admit()
+            self.admitted = True
 
     def _begin(self, observation: str, task: str) -> None:
         spec = self.spec
@@ -237,6 +244,7 @@ class _Episode:
 
     # -- model ----------------------------------------------------------------------------------
     async def generate(self, request: Request) -> Completion:
+        await self._admit()
         return await self.engine.generate(
             request, self.spec.game, self.spec.trial, self.spec.episode_id, actor=self.model
         )
@@ -259,7 +267,13 @@ class _Episode:
 
 
 class Engine:
-    """Plays episodes concurrently (``concurrency`` env slots) and records everything."""
+    """Plays ``concurrency`` episodes at a time and records everything.
+
+    The env pool may have more slots than that: an episode waiting for its turn takes a spare
+    slot and resets its game there (a reset is the costly env call: a game is loaded), then
+    waits for a place among the ``concurrency`` that play; so resets overlap the model time of
+    the episodes in play instead of coming after it, and at most ``concurrency`` episodes ever
+    send model requests."""
 
     def __init__(
         self,
@@ -272,6 +286,7 @@ class Engine:
         planner: ModelClient | None = None,
         should_stop: Callable[[Usage], str | None] = lambda usage: None,
         on_episode_done: Callable[[EpisodeSpec, EpisodeEnd | None], None] = lambda s, e: None,
+        concurrency: int | None = None,
     ) -> None:
         self.store = store
         self.model = model
@@ -284,7 +299,15 @@ class Engine:
         totals = store.token_totals()
         self.usage = Usage(totals["prompt"], totals["completion"], totals["cached_prompt"])
         self._free: asyncio.Queue[int] | None = None
+        self.concurrency = min(concurrency or envs.slots, envs.slots)
+        self._places: asyncio.Semaphore | None = None
         self.stopped: str | None = None
+
+    async def admit(self) -> None:
+        """Wait for a place among the episodes in play (first come, first served)."""
+        if self._places is None:
+            self._places = asyncio.Semaphore(self.concurrency)
+        await self._places.acquire()
 
     def check_stop(self) -> None:
         if self.stopped is None:
@@ -348,8 +371,8 @@ class Engine:
                 self._free.put_nowait(slot)
         self.check_stop()
         slot = await self._free.get()
+        episode = _Episode(self, spec, slot, model)
         try:
-            episode = _Episode(self, spec, slot, model)
             try:
                 end = await agent.play(episode)
             except (BackendError, EnvFailure) as exc:
@@ -367,4 +390,7 @@ class Engine:
             self.on_episode_done(spec, end)
             return end
         finally:
+            if episode.admitted:
+                assert self._places is not None
+                self._places.release()
             self._free.put_nowait(slot)

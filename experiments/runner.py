@@ -456,7 +456,8 @@ async def _execute(plan: Plan, progress: Progress) -> Path:
     trial_plan = trial_plan_of(cfg)
     tasks = plan.games.tasks
     spec = EnvSpec(plan.games.env_kind, plan.games.env_kwargs)
-    slots = min(cfg.execution.concurrency, max(len(tasks), 1))
+    # a spare slot per worker: an episode resets its game there while it waits for its turn
+    slots = min(cfg.execution.concurrency + cfg.execution.workers, max(len(tasks), 1))
     pool: Any
     if cfg.cluster.env_workers_on_ray:  # the same API; the actors run across the cluster
         from experiments.ray_session import ray_env_pool
@@ -486,6 +487,7 @@ async def _execute(plan: Plan, progress: Progress) -> Path:
         reflector=reflector,
         planner=extra.get("planner"),
         should_stop=Budget(cfg),
+        concurrency=cfg.execution.concurrency,
         on_episode_done=lambda spec, end: progress.episode_done(
             bool(end and end.won), engine.usage.total
         ),
