@@ -167,7 +167,12 @@ class ExecutionConfig:
     """How the run uses the machine (never changes results)."""
 
     workers: int = option(1, "env worker processes", minimum=1, resumable=True)
-    concurrency: int = option(4, "episodes in flight", minimum=1, resumable=True)
+    concurrency: int = option(
+        4,
+        "episodes in play (sending model requests); one more per worker resets its game ahead",
+        minimum=1,
+        resumable=True,
+    )
     step_timeout_s: float = option(
         120.0, "seconds an env call may take before its worker is replaced", minimum=0.001,
         resumable=True,
