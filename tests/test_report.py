@@ -402,7 +402,7 @@ SAME_KEYS = ("total_tasks", "solved", "success_rate", "by_task_type", "failure_c
 @pytest.mark.parametrize("run_dir", COMMITTED, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_committed_results_still_render(run_dir: Path, tmp_path: Path) -> None:
     """Each committed run renders from its run.sqlite with the numbers of its committed
-    summary.json, and the viewer builds an episode's data and prompts (the valid_seen runs are
+    summary.json, and the viewer builds an episode's data and prompts (the scale-cpu valid_seen runs are
     version-1 stores, read as they are through views; the generated-games runs are current)."""
     from experiments.viewer.data import load_episode, step_prompt
 
@@ -419,8 +419,9 @@ def test_committed_results_still_render(run_dir: Path, tmp_path: Path) -> None:
     assert s["tokens_by_purpose"]["act"]["calls"] > 0
 
     with open_reader(copy) as reader:
-        assert reader.schema_version == (1 if "valid_seen" in run_dir.parent.name else 2)
-        episode = reader.outcomes()[-1]
+        assert reader.schema_version == (1 if "scale-cpu-valid_seen" in str(run_dir) else 2)
+        # the last episode with steps (a run stopped at its deadline may end with an empty one)
+        episode = next(e for e in reversed(reader.outcomes()) if reader.steps(e.episode_id))
         detail = load_episode(reader, episode.episode_id)
         row = reader.episode(episode.episode_id)
         steps = reader.steps(episode.episode_id)
