@@ -402,8 +402,8 @@ SAME_KEYS = ("total_tasks", "solved", "success_rate", "by_task_type", "failure_c
 @pytest.mark.parametrize("run_dir", COMMITTED, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_committed_results_still_render(run_dir: Path, tmp_path: Path) -> None:
     """Each committed run renders from its run.sqlite with the numbers of its committed
-    summary.json, and the viewer builds an episode's data and prompts (the scale-cpu valid_seen runs are
-    version-1 stores, read as they are through views; the generated-games runs are current)."""
+    summary.json, and the viewer builds an episode's data and prompts (scale-cpu's valid_seen
+    runs are version-1 stores, read as they are through views; the others are current)."""
     from experiments.viewer.data import load_episode, step_prompt
 
     copy = tmp_path / run_dir.name
