@@ -10,7 +10,8 @@ For backends whose library lives in another environment (vLLM's CPU build and to
 
 Each input line is ``{"op": OP, "requests": [REQUEST, ...]}`` and gets one output line
 ``{"completions": [...], "wall_s": ...}`` (or ``{"error": "..."}``). A REQUEST holds ``prompt``,
-``config`` (GenerationConfig fields) and optionally ``constraint`` (ActionConstraint fields).
+(or chat ``messages``, a list of ``{"role", "content"}``), ``config`` (GenerationConfig fields)
+and optionally ``constraint`` (ActionConstraint fields).
 OP says how the batch reaches vLLM:
 
 - ``generate``: ``backend.generate(requests)``: one batched call (the batch engine, until the
@@ -46,7 +47,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vllm_smoke import summary  # noqa: E402
 
 from agents.llm import make_backend  # noqa: E402
-from agents.llm.base import ActionConstraint, Completion, GenerationConfig, Request  # noqa: E402
+from agents.llm.base import (  # noqa: E402
+    ActionConstraint,
+    Completion,
+    GenerationConfig,
+    Message,
+    Request,
+)
 
 
 def request_from(data: dict[str, Any]) -> Request:
@@ -54,9 +61,11 @@ def request_from(data: dict[str, Any]) -> Request:
     if "stop" in config:
         config["stop"] = tuple(config["stop"])
     constraint = data.get("constraint")
+    messages = data.get("messages")
     return Request(
         config=GenerationConfig(**config),
-        prompt=data["prompt"],
+        prompt=data.get("prompt"),
+        messages=None if messages is None else tuple(Message(**m) for m in messages),
         constraint=None
         if constraint is None
         else ActionConstraint(

@@ -9,8 +9,9 @@ sends the first step of 4 episodes as one batch; tick 2 sends each episode's nex
 prompt grown by the action and an observation) plus one chat-message reflection request, again
 as one batch; a replay resends tick 1 unchanged, twice (greedy decoding must give the same texts,
 and the prefix cache must now hold those prompts); then tick 1 again under grounded decoding
-(only one of three commands allowed). The last stdout line is one JSON object; tests
-read it. Other modes (real episodes through the runner) can be added beside ``run_ticks``.
+(only one of three commands allowed). The last stdout line is one JSON object. This checks the
+batch engine (``vllm.LLM``) by hand, e.g. on a new GPU box; the test suite drives the async
+engine, which runs use, through ``scripts/backend_stdio.py``.
 """
 
 from __future__ import annotations
@@ -147,6 +148,7 @@ def summary(completion: Completion) -> dict[str, Any]:
         "completion_tokens": completion.completion_tokens,
         "cached_tokens": completion.cached_tokens,
         "latency_s": round(completion.latency_s, 4),
+        "sent": completion.sent if isinstance(completion.sent, str) else None,
     }
 
 

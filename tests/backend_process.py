@@ -57,6 +57,9 @@ class BackendProcess:
         payload = [
             {
                 "prompt": r.prompt,
+                "messages": None
+                if r.messages is None
+                else [dataclasses.asdict(m) for m in r.messages],
                 "config": dataclasses.asdict(r.config),
                 "constraint": None if r.constraint is None else dataclasses.asdict(r.constraint),
             }

@@ -31,7 +31,6 @@ from agents.llm.base import (
     SpecError,
 )
 from agents.llm.vllm_backend import (
-    VLLM_FINISH_REASONS,
     VLLMBackend,
     engine_kwargs,
     sampling_params_kwargs,
@@ -42,7 +41,6 @@ from tests.backend_process import BackendProcess, converted_checkpoint
 from tests.grounded_episodes import NASTY, assert_grounded, play
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPTS = REPO / "scripts"
 
 # ---------------------------------------------------------------------------------------------
 # SamplingParams / LLM keyword mapping
@@ -426,69 +424,6 @@ def test_the_async_engine_replaces_the_batch_engine(fake_vllm: types.ModuleType)
 VLLM_PYTHON = os.environ.get("REFLEXSIM_VLLM_PYTHON")
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not VLLM_PYTHON, reason="set REFLEXSIM_VLLM_PYTHON to a python with vllm")
-def test_real_vllm_cpu_batched_ticks(tmp_path: Path) -> None:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    convert = subprocess.run(
-        [str(VLLM_PYTHON), str(SCRIPTS / "convert_embedded_to_hf.py")],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert convert.returncode == 0, convert.stderr[-3000:]
-    model = convert.stdout.strip().splitlines()[-1]
-
-    smoke = subprocess.run(
-        [str(VLLM_PYTHON), str(SCRIPTS / "vllm_smoke.py"), "--model", model],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert smoke.returncode == 0, smoke.stderr[-5000:]
-    result = json.loads(smoke.stdout.strip().splitlines()[-1])
-    tick1, tick2, replay, again = result["ticks"]
-
-    # One batched generate per tick, chat requests included in the same call.
-    assert result["log"] == [
-        "vllm generate: batch=4 prompts",
-        "vllm generate: batch=5 prompts (1 chat)",
-        "vllm generate: batch=4 prompts",
-        "vllm generate: batch=4 prompts",
-        "vllm generate: batch=4 prompts",  # grounded: structured outputs on the batch engine
-    ]
-    grounded = {c["text"] for c in result["grounded"]["completions"]}
-    assert grounded <= {" go to desk 1", " go to shelf 1", " look"}
-    for tick in result["ticks"]:
-        for c in tick["completions"]:
-            assert isinstance(c["text"], str)
-            assert c["prompt_tokens"] > 0 and c["completion_tokens"] > 0
-            assert c["finish_reason"] in {"stop", "length"} <= VLLM_FINISH_REASONS
-            assert c["completion_tokens"] <= 48
-    # Greedy decoding: the same prompts give the same texts, computed cold or from the cache
-    # (the script runs float32: see its --dtype note).
-    texts = [c["text"] for c in tick1["completions"]]
-    assert [c["text"] for c in replay["completions"]] == texts
-    assert [c["text"] for c in again["completions"]] == texts
-    # Prefix caching: resent prompts and grown prompts reuse what tick 1 computed.
-    assert all(c["cached_tokens"] > 0 for c in replay["completions"])
-    assert all(c["cached_tokens"] > 0 for c in tick2["completions"][:4])
-    # Grown prompts are longer than the ones they extend (append-only transcript).
-    assert all(
-        b["prompt_tokens"] > a["prompt_tokens"]
-        for a, b in zip(tick1["completions"], tick2["completions"], strict=False)
-    )
-    assert tick2["chat_sent"].startswith("<bos><start_of_turn>user\n")
-    assert tick2["chat_sent"].endswith("<start_of_turn>model\n")
-    info = result["describe"]
-    assert info["vllm_version"] and info["engine"]["enable_prefix_caching"] is True
-
-
 def test_the_runner_hands_every_request_to_the_async_engine(
     fake_vllm: types.ModuleType, generated_games: Path, tmp_path: Path
 ) -> None:
@@ -541,6 +476,8 @@ def vllm_stdio(
     log = tmp_path_factory.mktemp("vllm") / "stdio.log"
     server = BackendProcess(str(VLLM_PYTHON), f"vllm:{vllm_checkpoint}", ENGINE, log)
     assert server.ready["grounding"] == "vLLM structured outputs (regex)"
+    info = server.ready["describe"]
+    assert info["vllm_version"] and info["engine"]["enable_prefix_caching"] is True
     yield server
     server.close()
 
@@ -571,6 +508,23 @@ def test_real_vllm_async_concurrent_matches_sequential(vllm_stdio: BackendProces
     # the shared prefix is cached: by the first request onwards when sequential, fully after
     assert all(c.cached_tokens > 0 for c in sequential[1:])
     assert all(c.cached_tokens > 0 for c in concurrent)
+    # a prompt grown by its action and an observation (the append-only transcript) reuses the
+    # cache, and a chat request (a reflection) rides in the same concurrent batch, rendered with
+    # the model's own chat template
+    grown = dataclasses.replace(
+        requests[0], prompt=f"{requests[0].prompt}{texts[0]}\nNothing happens.\n>"
+    )
+    chat = Request(
+        config=dataclasses.replace(config, max_tokens=24, stop=()),
+        messages=(Message("user", "You failed the task. In one sentence, write a better plan."),),
+        purpose="reflect",
+    )
+    (longer, reflection), _ = vllm_stdio.send("concurrent", [grown, chat])
+    assert longer.prompt_tokens > sequential[0].prompt_tokens
+    assert longer.cached_tokens >= concurrent[0].cached_tokens > 0  # what its prefix had
+    assert reflection.sent.startswith("<bos><start_of_turn>user\n")
+    assert reflection.sent.endswith("<start_of_turn>model\n")
+    assert reflection.prompt_tokens > 0 and 0 < reflection.completion_tokens <= 24
     # grounded on the async engine too
     c = ActionConstraint(("go to cabinet 1", "go to shelf 1", "look"), allow_think=False)
     grounded = [dataclasses.replace(r, constraint=c) for r in requests]
