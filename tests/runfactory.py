@@ -26,6 +26,8 @@ REFLECTION_COMPLETION_TOKENS = 20
 # The run directories committed under experiments/results (none in a checkout without them).
 RESULTS = Path(__file__).resolve().parent.parent / "experiments" / "results"
 COMMITTED = sorted(p.parent for p in RESULTS.glob("*/*/run.sqlite"))
+# the committed runs written by schema version 1 (read as they are; the others are current)
+COMMITTED_V1 = [d for d in COMMITTED if d.parent.name == "scale-cpu-valid_seen"]
 
 
 @dataclass(frozen=True)

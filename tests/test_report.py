@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from runfactory import (
     COMMITTED,
+    COMMITTED_V1,
     REFLECTION_COMPLETION_TOKENS,
     REFLECTION_PROMPT_TOKENS,
     STEP_CACHED_TOKENS,
@@ -419,7 +420,7 @@ def test_committed_results_still_render(run_dir: Path, tmp_path: Path) -> None:
     assert s["tokens_by_purpose"]["act"]["calls"] > 0
 
     with open_reader(copy) as reader:
-        assert reader.schema_version == (1 if run_dir.parent.name == "scale-cpu-valid_seen" else 2)
+        assert reader.schema_version == (1 if run_dir in COMMITTED_V1 else 2)
         # the last episode with steps (a run stopped at its deadline may end with an empty one)
         episode = next(e for e in reversed(reader.outcomes()) if reader.steps(e.episode_id))
         detail = load_episode(reader, episode.episode_id)
