@@ -183,10 +183,12 @@ async def reflect(
     episode_id: str,
     observation: str,
     steps: Sequence[Step],
+    walkthrough: Sequence[str] | None = None,
 ) -> Reflected:
     """A self-reflection on a failed episode, in the settings' format and length cap.
 
-    Greedy, at most ``reflect_max_tokens`` tokens. Raises the backend's error if the call fails
+    ``walkthrough`` (the game's, if known) goes only into the request's side channel, for
+    scripted policies. Greedy, at most ``reflect_max_tokens`` tokens. Raises the backend's error if the call fails
     (the trial loop retries it later: a reflection is never silently dropped). The ``critique``
     request carries no decoding constraint: the request interface has none for JSON yet, so the
     schema is checked after the fact.
@@ -213,6 +215,7 @@ async def reflect(
             "trial": trial,
             "format": settings.reflection_format,
             "history": [a for a, _ in history],
+            "walkthrough": list(walkthrough) if walkthrough else None,
         },
     )
     completion = await model.generate(request)
@@ -273,15 +276,22 @@ async def judge(
     observation: str,
     steps: Sequence[Step],
     seed: int | None = 0,
+    walkthrough: Sequence[str] | None = None,
 ) -> tuple[str, str]:
     """The LLM evaluator's verdict on a finished episode: ('success'|'failure'|'unclear',
-    reason). Recorded next to the env's truth, never replacing it."""
+    reason). Recorded next to the env's truth, never replacing it. ``walkthrough`` as for
+    :func:`reflect`."""
     history = transcript_pairs(steps)
     request = Request(
         config=GenerationConfig(temperature=0.0, max_tokens=64, stop=("\n",), seed=seed),
         prompt=judge_prompt(observation, history),
         purpose="judge",
-        side={"game": task, "trial": trial, "history": [a for a, _ in history]},
+        side={
+            "game": task,
+            "trial": trial,
+            "history": [a for a, _ in history],
+            "walkthrough": list(walkthrough) if walkthrough else None,
+        },
     )
     completion = await model.generate(request)
     return parse_judge(completion.text)

@@ -227,6 +227,12 @@ def load_game_data(path: Path) -> dict[str, Any]:
     return data
 
 
+def game_walkthrough(path: Path) -> list[str] | None:
+    """The walkthrough a ``game.tw-pddl`` file carries (None without one), read without playing."""
+    walkthrough = load_game_data(path).get("walkthrough")
+    return [str(a) for a in walkthrough] if walkthrough else None
+
+
 class ALFWorldEnv(gym.Env[str, str]):
     """ALFWorld household games: ``reset(options={"game": id})`` picks one explicitly.
 

@@ -8,6 +8,7 @@ games calls the engine's ``load()`` after shutting the interpreter down, because
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -116,6 +117,19 @@ def check_game_path(path: Path) -> None:
             f"game file {str(path)!r} has no {path.with_suffix('.json').name!r} next to it: "
             "TextWorld needs it for admissible commands and scores; regenerate the game"
         )
+
+
+def game_walkthrough(path: Path) -> list[str] | None:
+    """The walkthrough in the ``.json`` TextWorld keeps beside a game (None without one), read
+    without playing."""
+    try:
+        data = json.loads(Path(path).with_suffix(".json").read_text())
+    except (OSError, ValueError):
+        return None
+    walkthrough = (
+        (data.get("metadata") or {}).get("walkthrough") if isinstance(data, dict) else None
+    )
+    return [str(a) for a in walkthrough] if walkthrough else None
 
 
 def discover_textworld_games(game_dir: Path) -> dict[str, Path]:

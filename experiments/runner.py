@@ -47,6 +47,15 @@ class GameSet:
     files: dict[str, Path]  # game id -> file, for hashing
     source: str = ""  # where the games come from, in words
 
+    def walkthrough(self, game: str) -> list[str] | None:
+        """A game's walkthrough, read from its file (the oracle side channel of the requests
+        between episodes, which scripted policies read and a real model never sees)."""
+        if self.env_kind == "textworld":
+            from envs.textworld_env import game_walkthrough
+        else:
+            from envs.alfworld_env import game_walkthrough
+        return game_walkthrough(self.files[game])
+
 
 def select_games(cfg: RunConfig) -> GameSet:
     """The games of the run: explicit ids, else the split's first N (sorted by id)."""
@@ -513,6 +522,7 @@ async def _execute(plan: Plan, progress: Progress) -> Path:
                 escalate = actor  # the same model again: its own client
             loop = TrialLoop(
                 store, engine, agent, trial_plan, on_task_done=task_done,
+                walkthrough=plan.games.walkthrough,
                 escalation=Escalation(cfg.safeguards.escalate_model, escalate)
                 if escalate is not None and cfg.safeguards.escalate_model
                 else None,

@@ -65,19 +65,23 @@ def test_expert_without_walkthrough_looks() -> None:
     assert expert.generate([_request(PROMPT, side)])[0].text == " look"
 
 
-def test_expert_judges_its_own_history_and_writes_a_plan() -> None:
-    expert = make_backend("scripted:expert")
-    play(expert, PROMPT, WALKTHROUGH)  # it sees the walkthrough while acting
+def test_expert_judges_with_the_request_s_walkthrough_and_writes_a_plan() -> None:
+    """Answers depend on the request alone: a backend that saw the game played and a fresh one
+    (a resumed run's) judge and reflect alike."""
+    seen = make_backend("scripted:expert")
+    play(seen, PROMPT, WALKTHROUGH)  # it sees the walkthrough while acting
     won = ["think: plan", *WALKTHROUGH]
-    judge_ok = _request("transcript", {"game": "pick_clean/trial_1", "history": won}, "judge")
-    judge_bad = _request(
-        "transcript", {"game": "pick_clean/trial_1", "history": WALKTHROUGH[:2]}, "judge"
-    )
-    reflect = _request("reflect on it", {"game": "pick_clean/trial_1", "trial": 0}, "reflect")
-    ok, bad, plan = expert.generate([judge_ok, judge_bad, Request(**_plain(reflect))])
+    side = {"game": "pick_clean/trial_1", "walkthrough": WALKTHROUGH}
+    judge_ok = _request("transcript", {**side, "history": won}, "judge")
+    judge_bad = _request("transcript", {**side, "history": WALKTHROUGH[:2]}, "judge")
+    reflect = _request("reflect on it", {**side, "trial": 0}, "reflect")
+    requests = [judge_ok, judge_bad, Request(**_plain(reflect))]
+    ok, bad, plan = seen.generate(requests)
     assert ok.text.startswith("SUCCESS")
     assert bad.text.startswith("FAILURE")
     assert "take mug 1 from countertop 1" in plan.text
+    fresh = make_backend("scripted:expert")
+    assert [c.text for c in fresh.generate(requests)] == [ok.text, bad.text, plan.text]
 
 
 def _plain(r: Request) -> dict[str, Any]:

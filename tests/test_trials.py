@@ -8,11 +8,15 @@ from pathlib import Path
 
 import pytest
 
+from agents.llm.scripted import plan_text
 from agents.prompting import actor_prompt
+from envs.alfworld_env import game_walkthrough
+from envs.textworld_env import game_walkthrough as tw_walkthrough
 from experiments.config import RunConfig
 from experiments.errors import RunStoreError
 from experiments.runner import NoProgress, run
 from experiments.store import RunStore
+from memory.records import StepKind
 
 
 def config(games_dir: Path, tmp: Path, **kw) -> RunConfig:
@@ -167,6 +171,11 @@ def test_resume_with_more_trials_plays_only_the_new_ones(generated_games, tmp_pa
     assert solved_by_trial(store) == {0: 0, 1: 6}  # the learner uses trial 0's reflections
     assert [(e.episode_id, e.finished_at) for e in store.episodes(0)] == first  # not replayed
     assert store.get_meta("manifest")["config"]["trials"] == 2
+    # trial 0's reflections were written on resume by a backend that saw none of its episodes:
+    # the walkthrough comes with the request, so the text is an uninterrupted run's
+    for r in store.reflections():
+        walkthrough = game_walkthrough(generated_games / r.task / "game.tw-pddl")
+        assert walkthrough and r.text == plan_text(walkthrough)
     store.close()
     with pytest.raises(RunStoreError, match="resume with --trials 2 or more"):
         run(config(generated_games, tmp_path, trials=1), resume=str(run_dir))
@@ -192,6 +201,9 @@ def test_textworld_games_run_through_the_same_loop(tmp_path):
     steps = store.steps(episode.episode_id)
     # TextWorld keeps `put X on Y`: the ALFWorld put->move rule is off for it
     assert not any(s.action.startswith("move ") for s in steps)
+    (path,) = games.glob("*.z8")  # the walkthrough read from the game file, without playing it
+    acts = [s.action for s in steps if s.kind == StepKind.ACT]
+    assert tw_walkthrough(path) == acts
 
 
 def test_reflection_ends_where_the_model_starts_writing_transcript():

@@ -10,8 +10,8 @@ the action (`` go to desk 1``); the actor parses the first line.
   the next command is the walkthrough entry after the number of non-thought actions so far.
   At step 0 (``side["step"]``) it first thinks once. Without a walkthrough, or past its end, it
   says ``look``. For ``purpose="reflect"`` it writes a short plan; for ``"judge"`` it answers
-  ``SUCCESS`` when the non-thought history equals the walkthrough (``side["walkthrough"]``, or
-  the one this backend last saw for ``side["game"]``), else ``FAILURE``.
+  ``SUCCESS`` when the non-thought history equals the walkthrough (``side["walkthrough"]``),
+  else ``FAILURE``.
 - ``scripted:random`` picks one of ``side["admissible"]``, seeded by (config.seed,
   ``side["game"]``, ``side["trial"]``, ``side["step"]``): the same request gets the same action.
 - ``scripted:learner`` fails a task's first attempt by repeating ``look``, and plays like the
@@ -251,7 +251,6 @@ class ScriptedBackend:
         self.policy = kind
         self.name = name or f"scripted:{policy}"
         self.arm = arm
-        self._walkthroughs: dict[str, list[str]] = {}
         self._db: sqlite3.Connection | None = None
         self._lock = threading.Lock()
         self.run_dir: Path | None = None
@@ -275,10 +274,6 @@ class ScriptedBackend:
         return [self._one(r) for r in requests]
 
     def _one(self, request: Request) -> Completion:
-        side = request.side
-        game = side.get("game")
-        if game is not None and side.get("walkthrough"):
-            self._walkthroughs[str(game)] = list(side["walkthrough"])
         n = request.config.n if request.purpose == "act" else 1
         texts = [self._answer(request, k, n) for k in range(n)]
         grounded = request.purpose == "act" and self.policy != "replay"
@@ -298,11 +293,12 @@ class ScriptedBackend:
             alternatives=tuple(texts[1:]),
         )
 
-    def _walkthrough(self, side: Any) -> list[str] | None:
+    @staticmethod
+    def _walkthrough(side: Any) -> list[str] | None:
+        """The request's own walkthrough: answers depend on the request alone, never on the
+        requests this backend saw before (a resumed run's fresh backend answers the same)."""
         wt = side.get("walkthrough")
-        if wt:
-            return list(wt)
-        return self._walkthroughs.get(str(side.get("game")))
+        return list(wt) if wt else None
 
     def _answer(self, request: Request, sample: int = 0, n: int = 1) -> str:
         side = request.side
