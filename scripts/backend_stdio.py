@@ -9,9 +9,8 @@ For backends whose library lives in another environment (vLLM's CPU build and to
 ``--option name=value`` are the backend's options (strings, as in a config file).
 
 Each input line is ``{"op": OP, "requests": [REQUEST, ...]}`` and gets one output line
-``{"completions": [...], "wall_s": ...}`` (or ``{"error": "..."}``). A REQUEST holds ``prompt``,
-(or chat ``messages``, a list of ``{"role", "content"}``), ``config`` (GenerationConfig fields)
-and optionally ``constraint`` (ActionConstraint fields).
+``{"completions": [...], "wall_s": ...}`` (or ``{"error": "..."}``). A REQUEST is
+``Request.to_json()``'s form.
 OP says how the batch reaches vLLM:
 
 - ``generate``: ``backend.generate(requests)``: one batched call (the batch engine, until the
@@ -47,33 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vllm_smoke import summary  # noqa: E402
 
 from agents.llm import make_backend  # noqa: E402
-from agents.llm.base import (  # noqa: E402
-    ActionConstraint,
-    Completion,
-    GenerationConfig,
-    Message,
-    Request,
-)
-
-
-def request_from(data: dict[str, Any]) -> Request:
-    config = dict(data.get("config") or {})
-    if "stop" in config:
-        config["stop"] = tuple(config["stop"])
-    constraint = data.get("constraint")
-    messages = data.get("messages")
-    return Request(
-        config=GenerationConfig(**config),
-        prompt=data.get("prompt"),
-        messages=None if messages is None else tuple(Message(**m) for m in messages),
-        constraint=None
-        if constraint is None
-        else ActionConstraint(
-            actions=tuple(constraint["actions"]),
-            allow_think=bool(constraint.get("allow_think", True)),
-            lead=str(constraint.get("lead", " ")),
-        ),
-    )
+from agents.llm.base import Completion, Request  # noqa: E402
 
 
 async def _concurrent(backend: Any, requests: list[Request]) -> list[Completion]:
@@ -113,7 +86,7 @@ def main() -> int:
             if not line.strip():
                 continue
             message = json.loads(line)
-            requests = [request_from(r) for r in message["requests"]]
+            requests = [Request.from_json(r) for r in message["requests"]]
             started = time.perf_counter()
             try:
                 completions = answer(backend, str(message["op"]), requests)

@@ -3,7 +3,6 @@ vLLM's CPU build and torch), driven from the test's own environment one batch at
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import select
@@ -54,17 +53,7 @@ class BackendProcess:
     def send(self, op: str, requests: list[Request]) -> tuple[list[Completion], float]:
         """The completions and the wall time of the whole batch, as the other process saw it."""
         assert self.proc.stdin is not None
-        payload = [
-            {
-                "prompt": r.prompt,
-                "messages": None
-                if r.messages is None
-                else [dataclasses.asdict(m) for m in r.messages],
-                "config": dataclasses.asdict(r.config),
-                "constraint": None if r.constraint is None else dataclasses.asdict(r.constraint),
-            }
-            for r in requests
-        ]
+        payload = [r.to_json() for r in requests]
         self.proc.stdin.write(json.dumps({"op": op, "requests": payload}) + "\n")
         self.proc.stdin.flush()
         answer = self._read(900)

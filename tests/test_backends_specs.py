@@ -168,3 +168,23 @@ def test_safe_url_and_scrub_drop_secrets() -> None:
     text = f"Incorrect API key provided: {key}; masked sk-canary-01...cdef"
     cleaned = scrub(text, [key])
     assert key not in cleaned and "sk-canary-01" not in cleaned
+
+
+def test_a_request_survives_the_trip_to_a_backend_in_another_process():
+    import json
+
+    from agents.llm.base import ActionConstraint, GenerationConfig, Message, Request
+
+    config = GenerationConfig(temperature=0.7, max_tokens=12, stop=("\n", ">"), seed=None, n=3)
+    requests = [
+        Request(config=config, prompt="You are in the middle of a room. >", side={"game": "g"}),
+        Request(
+            config=GenerationConfig(),
+            messages=(Message("system", "Be brief."), Message("user", "<b>look</b> ü")),
+            purpose="reflect",
+            constraint=ActionConstraint(("go to desk 1", "look"), allow_think=False, lead=""),
+        ),
+    ]
+    for request in requests:
+        back = Request.from_json(json.loads(json.dumps(request.to_json())))
+        assert back == request and back.side == {}  # the side channel never leaves

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 Purpose = Literal["act", "reflect", "judge", "plan", "value", "other"]
@@ -75,6 +75,32 @@ class Request:
     def __post_init__(self) -> None:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("a Request needs exactly one of prompt or messages")
+
+    def to_json(self) -> dict[str, Any]:
+        """The request as JSON-ready data, for a backend in another process (``side`` stays
+        here: it is never sent to a model)."""
+        return {
+            "prompt": self.prompt,
+            "messages": None if self.messages is None else [asdict(m) for m in self.messages],
+            "purpose": self.purpose,
+            "config": asdict(self.config),
+            "constraint": None if self.constraint is None else asdict(self.constraint),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Request:
+        """The inverse of :meth:`to_json`."""
+        config = dict(data.get("config") or {})
+        if "stop" in config:
+            config["stop"] = tuple(config["stop"])
+        messages, constraint = data.get("messages"), data.get("constraint")
+        return cls(
+            config=GenerationConfig(**config),
+            prompt=data.get("prompt"),
+            messages=None if messages is None else tuple(Message(**m) for m in messages),
+            purpose=data.get("purpose", "act"),
+            constraint=None if constraint is None else ActionConstraint(**constraint),
+        )
 
 
 @dataclass(frozen=True)
