@@ -436,6 +436,21 @@ class EnvPool(_PoolAPI):
         start_method: Literal["spawn", "forkserver"] | None = None,
         slots: int | None = None,
     ) -> None:
+        self._bookkeeping(spec, workers, timeout_s, slots)
+        if start_method is None:
+            methods = multiprocessing.get_all_start_methods()
+            start_method = "forkserver" if "forkserver" in methods else "spawn"
+        if start_method not in ("spawn", "forkserver"):
+            # fork would copy the parent's threads and locks (HTTP clients, model backends)
+            raise EnvError(f"start_method must be 'spawn' or 'forkserver', got {start_method!r}")
+        pickle.dumps(spec)
+        self._ctx = multiprocessing.get_context(start_method)
+        self._workers = [_Worker(self._ctx, spec, i) for i in range(self.workers)]
+
+    def _bookkeeping(
+        self, spec: EnvSpec, workers: int, timeout_s: float, slots: int | None
+    ) -> None:
+        """Check the sizes and set up what every pool tracks (a Ray pool shares it)."""
         if workers < 1:
             raise EnvError(f"workers must be >= 1, got {workers}")
         if not timeout_s > 0:
@@ -443,20 +458,12 @@ class EnvPool(_PoolAPI):
         slots = workers if slots is None else slots
         if slots < 1:
             raise EnvError(f"slots must be >= 1, got {slots}")
-        if start_method is None:
-            methods = multiprocessing.get_all_start_methods()
-            start_method = "forkserver" if "forkserver" in methods else "spawn"
-        if start_method not in ("spawn", "forkserver"):
-            # fork would copy the parent's threads and locks (HTTP clients, model backends)
-            raise EnvError(f"start_method must be 'spawn' or 'forkserver', got {start_method!r}")
         resolve_kind(spec.kind)  # fail here, not in every worker
-        pickle.dumps(spec)
         self.spec = spec
         self.workers = min(workers, slots)  # a worker without a slot would only idle
         self.slots = slots
         self.timeout_s = float(timeout_s)
         self.restarts = 0
-        self._ctx = multiprocessing.get_context(start_method)
         self._episodes = _Episodes(slots)
         # per worker: calls waiting for it to finish its batch, and the batch it is working on
         self._outbox: list[deque[tuple[int, Call]]] = [deque() for _ in range(self.workers)]
@@ -465,9 +472,8 @@ class EnvPool(_PoolAPI):
         self._progress = [0.0] * self.workers
         self._ready: dict[int, Outcome] = {}  # answered, not yet handed back
         self._busy: set[int] = set()  # submitted, not yet handed back
-        self._workers: list[_Worker] = []
+        self._workers = []  # a Ray pool has actors instead
         self._closed = False
-        self._workers = [_Worker(self._ctx, spec, i) for i in range(self.workers)]
 
     # -- public --------------------------------------------------------------------------
     def worker_of(self, slot: int) -> int:

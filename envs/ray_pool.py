@@ -30,9 +30,7 @@ from envs.pool import (
     Call,
     EnvPool,
     EnvSpec,
-    Outcome,
     _apply,
-    _Episodes,
     _portable,
     resolve_kind,
     steps_first,
@@ -119,30 +117,10 @@ class RayEnvPool(EnvPool):
         cpus_per_worker: float = 1.0,
         on_close: Callable[[], None] | None = None,
     ) -> None:
-        slots = workers if slots is None else slots
-        for name, value in (("workers", workers), ("slots", slots)):
-            if value < 1:
-                raise EnvError(f"{name} must be >= 1, got {value}")
-        if not timeout_s > 0:
-            raise EnvError(f"timeout_s must be > 0, got {timeout_s}")
+        self._bookkeeping(spec, workers, timeout_s, slots)
         ray = import_ray()
         if not ray.is_initialized():
             raise EnvError("RayEnvPool needs a Ray connection: call ray.init(address) first")
-        resolve_kind(spec.kind)  # fail here, not in every actor
-        self.spec = spec
-        self.workers = min(workers, slots)
-        self.slots = slots
-        self.timeout_s = float(timeout_s)
-        self.restarts = 0
-        self._episodes = _Episodes(slots)
-        self._outbox: list[deque[tuple[int, Call]]] = [deque() for _ in range(self.workers)]
-        self._sent: list[deque[tuple[int, Call]]] = [deque() for _ in range(self.workers)]
-        self._home = [slot % self.workers for slot in range(slots)]  # each slot's actor
-        self._progress = [0.0] * self.workers
-        self._ready: dict[int, Outcome] = {}
-        self._busy: set[int] = set()
-        self._workers = []  # the local pool's processes: none here
-        self._closed = False
         self._ray = ray
         self._remote = ray.remote(EnvActor).options(
             num_cpus=cpus_per_worker, max_restarts=0, scheduling_strategy="SPREAD"
