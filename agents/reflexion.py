@@ -188,8 +188,8 @@ async def reflect(
     """A self-reflection on a failed episode, in the settings' format and length cap.
 
     ``walkthrough`` (the game's, if known) goes only into the request's side channel, for
-    scripted policies. Greedy, at most ``reflect_max_tokens`` tokens. Raises the backend's error if the call fails
-    (the trial loop retries it later: a reflection is never silently dropped). The ``critique``
+    scripted policies. Greedy, at most ``reflect_max_tokens`` tokens. Raises the backend's error
+    if the call fails (the trial loop retries it later: a reflection is never silently dropped). The ``critique``
     request carries no decoding constraint: the request interface has none for JSON yet, so the
     schema is checked after the fact.
     """

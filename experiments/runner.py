@@ -4,6 +4,7 @@ and ``execute(plan)`` (env pool, engine, trial loop, run store, budgets, resume)
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import logging
@@ -522,7 +523,7 @@ async def _execute(plan: Plan, progress: Progress) -> Path:
                 escalate = actor  # the same model again: its own client
             loop = TrialLoop(
                 store, engine, agent, trial_plan, on_task_done=task_done,
-                walkthrough=plan.games.walkthrough,
+                walkthrough=functools.cache(plan.games.walkthrough),  # judge and reflect: one read
                 escalation=Escalation(cfg.safeguards.escalate_model, escalate)
                 if escalate is not None and cfg.safeguards.escalate_model
                 else None,
