@@ -83,15 +83,34 @@ def _n(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
-class ConsoleProgress:
-    """The run's start, a live progress line (solved tasks, tokens, ETA) and nothing else."""
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
-    def __init__(self, verbose: bool = False, stream: Any = None) -> None:
+
+class ConsoleProgress:
+    """The run's start, a live progress line (solved tasks, tokens, ETA) and nothing else.
+
+    On a terminal the line is a progress bar; written to a file (an overnight batch under
+    ``nohup`` or a job scheduler) it is a plain line at most every ``every_s`` seconds, so the
+    log says how far the run is without a carriage return in it."""
+
+    def __init__(
+        self,
+        verbose: bool = False,
+        stream: Any = None,
+        every_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.verbose = verbose
         self.stream = stream or sys.stderr
+        self.every_s, self.clock = every_s, clock
         self.bar: Any = None
-        self.tasks = 0
-        self.solved = 0
+        self.tasks = self.solved = 0
+        self.total = self.done = self.tokens = 0
+        self.began = self.last_line = 0.0
 
     def begin(self, summary: dict[str, Any]) -> None:
         s = summary
@@ -108,7 +127,8 @@ class ConsoleProgress:
             print(json.dumps(s["config"], indent=1, default=str), file=self.stream)
 
     def start(self, tasks: int, episodes_at_most: int, solved: int) -> None:
-        self.tasks, self.solved = tasks, solved
+        self.tasks, self.solved, self.total = tasks, solved, episodes_at_most
+        self.began = self.last_line = self.clock()
         if self.stream.isatty():
             from tqdm import tqdm
 
@@ -119,13 +139,33 @@ class ConsoleProgress:
         if self.bar is not None:
             self.bar.set_postfix(solved=f"{self.solved}/{self.tasks}", tokens=tokens)
 
+    def _line(self) -> None:
+        """The plain progress line, when ``every_s`` has passed since the last one."""
+        now = self.clock()
+        if now - self.last_line < self.every_s:
+            return
+        self.last_line = now
+        elapsed = now - self.began
+        left = max(0, self.total - self.done)
+        eta = _duration(elapsed / self.done * left) if self.done else "?"
+        print(
+            f"  episodes {self.done}/{self.total}, solved {self.solved}/{self.tasks}, "
+            f"{self.tokens:,} tokens, {_duration(elapsed)} elapsed, ETA {eta}",
+            file=self.stream,
+            flush=True,
+        )
+
     def episode_done(self, won: bool, tokens: int) -> None:
+        self.done, self.tokens = self.done + 1, tokens
         if self.bar is not None:
             self.bar.update(1)
             self._postfix(tokens)
+        else:
+            self._line()
 
     def task_done(self, won: bool, episodes_saved: int) -> None:
         self.solved += int(won)
+        self.total = max(self.done, self.total - episodes_saved)
         if self.bar is not None and episodes_saved:
             self.bar.total = max(self.bar.n, self.bar.total - episodes_saved)
             self.bar.refresh()

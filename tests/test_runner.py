@@ -317,3 +317,30 @@ def test_export_reads_back(generated_games, tmp_path):
     df = pd.read_csv(cs_episodes)
     assert int(df["won"].sum()) == 2
     assert len(pd.read_json(jl_steps, lines=True)) == len(steps)
+
+
+def test_progress_written_to_a_file_is_a_plain_line_at_most_every_interval():
+    """An overnight batch's log (stderr not a terminal) gets plain progress lines with the
+    solved count and an ETA, throttled, and no carriage returns."""
+    import io
+
+    from experiments.cli import ConsoleProgress
+
+    now = [0.0]
+    out = io.StringIO()
+    progress = ConsoleProgress(stream=out, every_s=60, clock=lambda: now[0])
+    progress.start(tasks=4, episodes_at_most=8, solved=0)
+    for t, won in ((30, False), (70, True), (100, False), (200, False)):
+        now[0] = t
+        progress.episode_done(won, tokens=1000 * t)
+        if won:
+            progress.task_done(True, episodes_saved=1)  # won in trial 0: one episode fewer
+    progress.close()
+    lines = out.getvalue().splitlines()
+    assert "\r" not in out.getvalue()
+    assert lines == [
+        # not at 30 s; the task won at 70 s counts once its trial loop is done with it
+        "  episodes 2/8, solved 0/4, 70,000 tokens, 1m10s elapsed, ETA 3m30s",
+        "  episodes 4/7, solved 1/4, 200,000 tokens, 3m20s elapsed, ETA 2m30s",  # not at 100 s
+        "solved 1/4 tasks",
+    ]
