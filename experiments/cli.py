@@ -167,7 +167,7 @@ class ConsoleProgress:
         self.solved += int(won)
         self.total = max(self.done, self.total - episodes_saved)
         if self.bar is not None and episodes_saved:
-            self.bar.total = max(self.bar.n, self.bar.total - episodes_saved)
+            self.bar.total = self.total  # one count of what is left, for the bar and the line
             self.bar.refresh()
 
     def close(self) -> None:
