@@ -13,7 +13,6 @@ gone. Each attempt records where it ran in ``<job>/placement.json``, in the run 
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
@@ -27,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from experiments.config import RunConfig, from_mapping
-from experiments.errors import ConfigError, RunStoreError
+from experiments.errors import ConfigError
+from experiments.lock import DirLock
 from experiments.ray_session import (
     alive_nodes,
     check_fits,
@@ -106,24 +106,11 @@ def check_shared_storage(root: Path, ray: Any) -> None:
 def job_lock(job_dir: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
     """The job's lock: one attempt at a time plays a job. A dead attempt's lock goes with its
     process (on NFS, when the server notices the client is gone)."""
-    job_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(job_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    lock = DirLock(job_dir, LOCK_FILE).acquire(wait_s, what=f"an attempt of job {job_dir.name}")
     try:
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise RunStoreError(
-                        f"job {job_dir.name}: another process still holds {job_dir / LOCK_FILE} "
-                        f"after {wait_s:g}s (an earlier attempt that is not dead?)"
-                    ) from None
-                time.sleep(0.5)
         yield
     finally:
-        os.close(fd)
+        lock.release()
 
 
 def _where(ray: Any, attempt: int) -> dict[str, Any]:

@@ -7,3 +7,18 @@ class ConfigError(ValueError):
 
 class RunStoreError(RuntimeError):
     """A run directory that cannot be used (missing, mismatched manifest, locked)."""
+
+
+class StoreFullError(RunStoreError):
+    """The disk holding a run store is full: what was recorded is kept; resume after freeing."""
+
+
+class StoreDamagedError(RunStoreError):
+    """A run store's file is damaged (garbage inside, truncated): the message says what still
+    reads and how to recover it."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's preemption, ``kill``): handled like Ctrl-C, with its own exit code."""
+
+    exit_code = 143
