@@ -13,7 +13,13 @@ whatever order concurrent requests arrive in. Kinds:
 - ``500`` / ``503``: a JSON error body;
 - ``reset``: the connection is reset (TCP RST) after the request is read;
 - ``drop``: the connection is closed without an answer;
-- ``malformed``: ``200`` with a truncated JSON body.
+- ``malformed``: ``200`` with a truncated JSON body;
+- ``trickle``: ``200`` with a good answer's headers, then its body one byte every
+  ``trickle_s`` seconds (a per-chunk read timeout never fires);
+- ``endless``: ``200`` with a chunked body that never ends (a chunk every ``trickle_s``).
+
+``trickle`` and ``endless`` are never picked by default (they hold a request until the client
+gives up): name them in ``kinds``.
 
 A request with a wrong key (see ``api_key``) is recorded as fault ``401``.
 
@@ -45,7 +51,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 FAULT_KINDS = ("timeout", "429", "500", "reset", "malformed")
-ALL_FAULT_KINDS = (*FAULT_KINDS, "503", "drop")
+ALL_FAULT_KINDS = (*FAULT_KINDS, "503", "drop", "trickle", "endless")
 
 
 def echo_answer(prompt_text: str) -> str:
@@ -90,6 +96,7 @@ class FaultPlan:
     always_fail: str | None = None
     # seconds a good answer waits, from the prompt text (e.g. a seeded lognormal draw)
     delay: Callable[[str], float] | None = None
+    trickle_s: float = 0.1  # seconds between the bytes (trickle) or chunks (endless) of a body
 
     def __post_init__(self) -> None:
         unknown = set(self.kinds) - set(ALL_FAULT_KINDS)
@@ -195,7 +202,7 @@ class _Handler(BaseHTTPRequestHandler):
             event.delay = wait
             self._answer(route, body, text)
         else:
-            self._inject(event.fault, route)
+            self._inject(event.fault, route, body, text)
         event.answered = time.monotonic()
 
     def _api_key_given(self) -> str | None:
@@ -227,7 +234,11 @@ class _Handler(BaseHTTPRequestHandler):
             return event
 
     # -- answers -------------------------------------------------------------------------------
-    def _answer(self, route: str, body: dict[str, Any], text: str) -> None:
+    def _answer(
+        self, route: str, body: dict[str, Any], text: str, send: Callable[..., None] | None = None
+    ) -> None:
+        """The good answer, sent by ``send`` (default :meth:`_send`)."""
+        send = send or self._send
         state = self.server.state
         n = int(body.get("n") or 1)
         answers = [state.answer(text) + (f" #{i}" if i else "") for i in range(n)]
@@ -244,7 +255,7 @@ class _Handler(BaseHTTPRequestHandler):
         completion_tokens = sum(word_count(a) for a in answers)
         model = body.get("model", "fault-model")
         if route == "/completions":
-            self._send(
+            send(
                 200,
                 {
                     "id": "cmpl-fault",
@@ -264,7 +275,7 @@ class _Handler(BaseHTTPRequestHandler):
                 },
             )
         elif route == "/chat/completions":
-            self._send(
+            send(
                 200,
                 {
                     "id": "chatcmpl-fault",
@@ -288,7 +299,7 @@ class _Handler(BaseHTTPRequestHandler):
                 },
             )
         else:
-            self._send(
+            send(
                 200,
                 {
                     "id": "msg_fault",
@@ -317,9 +328,46 @@ class _Handler(BaseHTTPRequestHandler):
             payload = {"error": {"message": message, "type": "server_error", "code": status}}
         self._send(status, payload, headers)
 
-    def _inject(self, fault: str, route: str) -> None:
+    def _trickle(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
+        """A good answer's headers, then its body a byte at a time, until it is sent or the
+        client has gone."""
+        raw = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.flush()
+        try:
+            for i in range(len(raw)):
+                time.sleep(self.server.state.plan.trickle_s)
+                self.wfile.write(raw[i : i + 1])
+                self.wfile.flush()
+        except OSError:
+            self.close_connection = True
+
+    def _endless(self) -> None:
+        """``200`` and a chunked body that never ends, until the client has gone."""
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.close_connection = True
+        try:
+            self.wfile.write(b"1\r\n{\r\n")
+            while True:
+                self.wfile.flush()
+                time.sleep(self.server.state.plan.trickle_s)
+                self.wfile.write(b'8\r\n"aaaaaa"\r\n')
+        except OSError:
+            pass
+
+    def _inject(self, fault: str, route: str, body: dict[str, Any], text: str) -> None:
         plan = self.server.state.plan
-        if fault == "timeout":
+        if fault == "trickle":
+            self._answer(route, body, text, send=self._trickle)
+        elif fault == "endless":
+            self._endless()
+        elif fault == "timeout":
             time.sleep(plan.timeout_s)
             try:
                 self._error(route, 504, "too slow")

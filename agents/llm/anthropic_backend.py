@@ -38,6 +38,7 @@ from agents.llm.base import BackendError, Completion, Request, SpecError
 from agents.llm.common import (
     CONTINUE_INSTRUCTION,
     check_chat_format,
+    finish_texts,
     grounding_error,
     key_scrubber,
     messages_as_dicts,
@@ -46,7 +47,6 @@ from agents.llm.common import (
     prompt_as_messages,
     require,
     safe_url,
-    truncate_at_stop,
 )
 from agents.llm.retry import (
     MalformedResponse,
@@ -128,8 +128,15 @@ class AnthropicBackend:
             raise BackendError(f"{self.name}: set the {api_key_env} environment variable")
         self._scrub = key_scrubber(key)  # the key lives only in this closure and the SDK client
         anthropic = require("anthropic", "anthropic", "anthropic")
+        from agents.llm.deadline import RequestGuard
+
+        self._guard = RequestGuard(self.timeout)  # timeout: the whole of each attempt
         self._client = anthropic.Anthropic(
-            api_key=key, base_url=base_url, max_retries=0, timeout=self.timeout
+            api_key=key,
+            base_url=base_url,
+            max_retries=0,
+            timeout=self.timeout,
+            http_client=self._guard.http_client(anthropic),
         )
         self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="anthropic")
         self._warned = False
@@ -211,24 +218,29 @@ class AnthropicBackend:
             return _parse(self._client.messages.create(**params))
 
         start = time.perf_counter()
+        label = f"{self.name} request {index}"
         results = []
         retries = 0
         for _ in range(request.config.n):
-            result, r = call_with_retries(
-                call,
-                classify_anthropic_error,
-                self.policy,
-                log=log,
-                label=f"{self.name} request {index}",
-                scrub=self._scrub,
-            )
+            try:
+                result, r = call_with_retries(
+                    call,
+                    classify_anthropic_error,
+                    self.policy,
+                    log=log,
+                    label=label,
+                    scrub=self._scrub,
+                    cancelled=self._guard.cancelled,
+                )
+            except BackendError as exc:
+                exc.retries += retries  # those of the answers before it too
+                raise
             results.append(result)
             retries += r
         latency = time.perf_counter() - start
-        texts = []
-        for text, finish, _ in results:
-            text, hit = truncate_at_stop(text, request.config.stop)
-            texts.append((text, "stop" if hit else finish))
+        texts, finish = finish_texts(
+            [(text, finish) for text, finish, _ in results], request.config, log=log, label=label
+        )
         usage = [sum(u[i] for _, _, u in results) for i in range(3)]
         sent = {k: v for k, v in params.items() if k != "extra_body"}
         if "extra_body" in params:
@@ -237,19 +249,22 @@ class AnthropicBackend:
         if self.sampling == "omit":
             sent["sampling"] = "model default"
         return Completion(
-            text=texts[0][0],
-            finish_reason=texts[0][1],
+            text=texts[0],
+            finish_reason=finish,
             prompt_tokens=usage[0],
             completion_tokens=usage[1],
             cached_tokens=usage[2],
             latency_s=latency,
             retries=retries,
             sent=sent,
-            alternatives=tuple(t for t, _ in texts[1:]),
+            alternatives=tuple(texts[1:]),
         )
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        """End the requests in flight at once (they fail with a BackendError that says the
+        backend was closed) and release the connections; waits for nothing."""
+        self._guard.cancel()
+        self._pool.shutdown(wait=False, cancel_futures=True)
         self._client.close()
 
 

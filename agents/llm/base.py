@@ -108,7 +108,8 @@ class Completion:
     """One answer. ``sent`` records what actually went over the wire (e.g. chat messages)."""
 
     text: str
-    finish_reason: str = "stop"  # "stop" | "length" | "error" | backend-specific
+    # "stop" | "length" | "error" | OVERSIZED (a server fault: see cap_text) | backend-specific
+    finish_reason: str = "stop"
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
@@ -116,6 +117,13 @@ class Completion:
     retries: int = 0
     sent: Any = None
     alternatives: tuple[str, ...] = ()  # the other texts when n > 1
+
+
+OVERSIZED = "oversized"
+"""The finish reason of a completion whose server sent more text than ``max_tokens`` allows: a
+server fault. The text is cut to what ``max_tokens`` allows (see
+:func:`agents.llm.common.cap_text`), the backend logs a warning and the engine records an
+``oversized`` event in the run store."""
 
 
 @runtime_checkable
@@ -150,7 +158,12 @@ class BackendError(RuntimeError):
     """A request failed for a reason outside the agent (network, server, quota) after retries.
 
     The runner records it as an infrastructure error, never as the agent's failure.
+    ``retries`` is how many retries were made before giving up (recorded with the failed call).
     """
+
+    def __init__(self, message: str = "", *, retries: int = 0) -> None:
+        super().__init__(message)
+        self.retries = retries
 
 
 class MissingDependencyError(ImportError):

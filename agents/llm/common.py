@@ -16,12 +16,20 @@ Whatever a backend does, ``Completion.sent`` records the exact messages or text 
 from __future__ import annotations
 
 import importlib
+import logging
 import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from agents.llm.base import Message, MissingDependencyError, Request, SpecError
+from agents.llm.base import (
+    OVERSIZED,
+    GenerationConfig,
+    Message,
+    MissingDependencyError,
+    Request,
+    SpecError,
+)
 
 ChatFormat = Literal["raw", "user", "prefill"]
 CHAT_FORMATS: tuple[str, ...] = ("raw", "user", "prefill")
@@ -47,6 +55,46 @@ def truncate_at_stop(text: str, stop: Iterable[str]) -> tuple[str, bool]:
     if cut == -1:
         return text, False
     return text[:cut], True
+
+
+# The most characters a token may stand for: far above real text (about four characters a token
+# in English; the longest tokens of common vocabularies are runs of a few dozen spaces or
+# punctuation marks), so only a server that ignored max_tokens sends more than max_tokens times it.
+MAX_CHARS_PER_TOKEN = 64
+
+
+def finish_texts(
+    answers: Sequence[tuple[str, str]],
+    config: GenerationConfig,
+    *,
+    log: logging.Logger,
+    label: str,
+) -> tuple[list[str], str]:
+    """A server's ``(text, finish reason)`` answers to one request as the agent gets them: the
+    texts, and the completion's finish reason (its first answer's).
+
+    Each text is cut at its first stop string (finish reason ``stop``). A text longer than
+    ``config.max_tokens`` tokens can be (:data:`MAX_CHARS_PER_TOKEN` characters each) is a
+    server fault, never passed on whole: it is cut to that length first and logged as a
+    warning, and the completion's finish reason is :data:`~agents.llm.base.OVERSIZED`.
+    """
+    limit = config.max_tokens * MAX_CHARS_PER_TOKEN
+    texts, finishes = [], []
+    for text, finish in answers:
+        if len(text) > limit:
+            log.warning(
+                "%s: the server sent %d characters for max_tokens=%d; cut to %d (finish %s)",
+                label,
+                len(text),
+                config.max_tokens,
+                limit,
+                OVERSIZED,
+            )
+            text, finish = text[:limit], OVERSIZED
+        text, hit = truncate_at_stop(text, config.stop)
+        texts.append(text)
+        finishes.append(finish if finish == OVERSIZED else "stop" if hit else finish)
+    return texts, OVERSIZED if OVERSIZED in finishes else finishes[0]
 
 
 def prompt_as_messages(

@@ -53,6 +53,7 @@ from agents.llm.base import ActionConstraint, BackendError, Completion, Request,
 from agents.llm.common import (
     CONTINUE_INSTRUCTION,
     check_chat_format,
+    finish_texts,
     grounding_error,
     key_scrubber,
     messages_as_dicts,
@@ -60,7 +61,6 @@ from agents.llm.common import (
     opt_int,
     prompt_as_messages,
     safe_url,
-    truncate_at_stop,
 )
 from agents.llm.retry import (
     MalformedResponse,
@@ -167,8 +167,15 @@ class OpenAIBackend:
             key = DUMMY_KEY
         self._scrub = key_scrubber(key)  # the key lives only in this closure and the SDK client
         openai = _import_openai()
+        from agents.llm.deadline import RequestGuard
+
+        self._guard = RequestGuard(self.timeout)  # timeout: the whole of each attempt
         self._client = openai.OpenAI(
-            api_key=key, base_url=base_url, max_retries=0, timeout=self.timeout
+            api_key=key,
+            base_url=base_url,
+            max_retries=0,
+            timeout=self.timeout,
+            http_client=self._guard.http_client(openai),
         )
         self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="openai")
 
@@ -267,44 +274,50 @@ class OpenAIBackend:
             return _parse(endpoint, response)
 
         start = time.perf_counter()
+        label = f"{self.name} request {index}"
         (texts, finishes, usage), retries = call_with_retries(
             call,
             classify_openai_error,
             self.policy,
             log=log,
-            label=f"{self.name} request {index}",
+            label=label,
             scrub=self._scrub,
+            cancelled=self._guard.cancelled,
         )
         latency = time.perf_counter() - start
-        cleaned = []
-        for text, finish in zip(texts, finishes, strict=True):
-            text, hit = truncate_at_stop(text, request.config.stop)
-            cleaned.append((text, "stop" if hit else finish))
+        cleaned, finish = finish_texts(
+            list(zip(texts, finishes, strict=True)), request.config, log=log, label=label
+        )
+        for text in cleaned:
             if request.constraint is not None and not viable_prefix(
                 request.constraint, text, newline=False
             ):
                 raise BackendError(
                     f"{self.name}: the server ignored the {self.grammar_dialect} constraint "
                     f"(answered {text[:60]!r}); check grammar_dialect= (vllm, vllm-guided or "
-                    "llamacpp) or use --action-decoding nearest"
+                    "llamacpp) or use --action-decoding nearest",
+                    retries=retries,
                 )
         sent = {"endpoint": endpoint, **{k: v for k, v in params.items() if k != "extra_body"}}
         if "extra_body" in params:
             sent["extra_body"] = params["extra_body"]
         return Completion(
-            text=cleaned[0][0],
-            finish_reason=cleaned[0][1],
+            text=cleaned[0],
+            finish_reason=finish,
             prompt_tokens=usage[0],
             completion_tokens=usage[1],
             cached_tokens=usage[2],
             latency_s=latency,
             retries=retries,
             sent=sent,
-            alternatives=tuple(t for t, _ in cleaned[1:]),
+            alternatives=tuple(cleaned[1:]),
         )
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        """End the requests in flight at once (they fail with a BackendError that says the
+        backend was closed) and release the connections; waits for nothing."""
+        self._guard.cancel()
+        self._pool.shutdown(wait=False, cancel_futures=True)
         self._client.close()
 
 

@@ -3,7 +3,13 @@
 The SDKs' own retries are switched off (``max_retries=0``) so that these are the only ones:
 each is counted in ``Completion.retries`` and logged. ``Retry-After`` (or ``retry-after-ms``) on
 an answer is honoured, capped at ``max_retry_after``; otherwise the wait is exponential with
-jitter. A request that still fails raises :class:`~agents.llm.base.BackendError`.
+jitter. A request that still fails raises :class:`~agents.llm.base.BackendError`, whose
+``retries`` says how many retries were made.
+
+Each attempt has its own deadline (the backends' ``timeout``, see :mod:`agents.llm.deadline`),
+so a request that keeps failing ends within ``(max_retries + 1) * timeout`` plus the waits
+between attempts. A request whose backend is closed (``cancelled``) stops at once: its attempt in
+flight is aborted, and no wait or retry follows.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import email.utils
 import json
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -136,13 +143,19 @@ def call_with_retries(
     log: logging.Logger,
     label: str,
     scrub: Callable[[str], str] = lambda s: s,
+    cancelled: threading.Event | None = None,
 ) -> tuple[T, int]:
     """Run ``call`` until it succeeds; returns ``(result, retries)``.
 
     ``classify`` turns an exception into :class:`Retryable` or None (not worth retrying: raised
     at once as BackendError). ``scrub`` cleans messages of secrets before they are logged/raised.
+    Once ``cancelled`` is set (the backend is closing) there is no further attempt and no wait:
+    the request fails with a BackendError that says so. Every BackendError raised carries the
+    retries made.
     """
     import tenacity
+
+    stop_event = cancelled or threading.Event()
 
     def wait(state: tenacity.RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome else None
@@ -152,6 +165,8 @@ def call_with_retries(
         return min(exp, policy.backoff_max) + random.uniform(0.0, policy.jitter)
 
     def attempt() -> T:
+        if stop_event.is_set():
+            raise BackendError(f"{label}: cancelled (the backend was closed)")
         try:
             return call()
         except Retryable:
@@ -176,8 +191,10 @@ def call_with_retries(
         )
 
     retrying = tenacity.Retrying(
-        stop=tenacity.stop_after_attempt(policy.max_retries + 1),
+        stop=tenacity.stop_after_attempt(policy.max_retries + 1)
+        | tenacity.stop_when_event_set(stop_event),
         wait=wait,
+        sleep=tenacity.nap.sleep_using_event(stop_event),  # a wait ends when it is set
         retry=tenacity.retry_if_exception_type(Retryable),
         before_sleep=before_sleep,
         reraise=True,
@@ -190,15 +207,19 @@ def call_with_retries(
                 result = attempt()
         return result, attempts - 1
     except Retryable as exc:
-        msg = f"{label}: gave up after {attempts} attempts: {scrub(exc.reason)}"
+        if stop_event.is_set():
+            msg = f"{label}: cancelled (the backend was closed) after {attempts} attempts"
+        else:
+            msg = f"{label}: gave up after {attempts} attempts: {scrub(exc.reason)}"
         log.error(msg)
-        raise BackendError(msg) from None
-    except BackendError:
+        raise BackendError(msg, retries=attempts - 1) from None
+    except BackendError as exc:
+        exc.retries = max(attempts - 1, 0)
         raise
     except Exception as exc:
         msg = f"{label}: {type(exc).__name__}: {scrub(str(exc))}"
         log.error(msg)
-        raise BackendError(msg) from None
+        raise BackendError(msg, retries=max(attempts - 1, 0)) from None
 
 
 def concurrent_map(fn: Callable[[T], R], items: Sequence[T], pool: ThreadPoolExecutor) -> list[R]:
