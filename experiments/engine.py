@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from agents.episode import Agent, EnvReply, EpisodeEnd, EpisodeSpec
-from agents.llm.base import AsyncBackend, Backend, BackendError, Completion, Request
+from agents.llm.base import OVERSIZED, AsyncBackend, Backend, BackendError, Completion, Request
 from envs.aio import AsyncEnvPool
 from envs.pool import Reset, StepResult, WorkerCrashed
 from experiments.store import RunStore
@@ -341,9 +341,12 @@ class Engine:
             self.store.add_model_call(
                 ModelCall(
                     purpose=request.purpose, game=game, trial=trial, episode_id=episode_id,
-                    latency_s=time.perf_counter() - started, error=str(exc)[:2000],
+                    latency_s=time.perf_counter() - started, retries=exc.retries,
+                    error=str(exc)[:2000],
                 )
             )  # fmt: skip
+            if exc.retries:
+                self.store.log_event("retry", f"{exc.retries} retries", episode_id)
             self.store.log_event("infra_error", f"{type(exc).__name__}: {exc}", episode_id)
             raise
         self.usage.add(completion)
@@ -358,6 +361,13 @@ class Engine:
         )  # fmt: skip
         if completion.retries:
             self.store.log_event("retry", f"{completion.retries} retries", episode_id)
+        if completion.finish_reason == OVERSIZED:
+            self.store.log_event(
+                "oversized",
+                f"the server sent more text than max_tokens={request.config.max_tokens} allows "
+                f"({request.purpose} call); cut to {len(completion.text)} characters",
+                episode_id,
+            )
         return completion
 
     async def play(

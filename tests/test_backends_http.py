@@ -5,6 +5,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
 import uuid
 from collections import defaultdict
 from pathlib import Path
@@ -28,6 +34,8 @@ FAST = {
     "max_retries": 12,
     "concurrency": 16,
 }
+ROOT = Path(__file__).resolve().parent.parent
+SPLIT = "eval_out_of_distribution"
 RETRY_AFTER = 0.25
 FAULTY = FaultPlan(rate=0.2, seed=7, timeout_s=1.5, retry_after=str(RETRY_AFTER))
 CFG = GenerationConfig(max_tokens=20, stop=("\n",), seed=0)
@@ -259,3 +267,198 @@ def test_api_key_canary_never_reaches_a_file(
             for secret in (canary, wrong):
                 assert secret not in text, f"key leaked into {path.name}"
                 assert secret[:16] not in text and secret[-12:] not in text
+
+
+# -- deadlines, cancellation, retries of a failed call, oversized answers -----------------------
+DEADLINE = {
+    "timeout": 1.0,
+    "max_retries": 1,
+    "backoff_base": 0.01,
+    "backoff_max": 0.05,
+    "jitter": 0,
+}
+SLACK_S = 3.0  # a loaded machine's margin; a hang runs far past it
+
+
+def _spec(server: FaultServer, which: str) -> tuple[str, str]:
+    return ("openai:x", server.url) if which == "openai" else ("anthropic:x", server.root)
+
+
+@pytest.mark.parametrize(
+    "which,kind", [("openai", "trickle"), ("openai", "endless"), ("anthropic", "endless")]
+)
+def test_a_trickled_or_endless_body_ends_within_its_deadline_and_retry(which, kind) -> None:
+    """httpx's read timeout is per chunk: a body sent slowly, or never finished, held a request
+    for ever. Now timeout= bounds each whole attempt, and the retry gets one of its own."""
+    with FaultServer(FaultPlan(rate=1.0, kinds=(kind,), trickle_s=0.05)) as server:
+        spec, url = _spec(server, which)
+        backend = make_backend(spec, base_url=url, **DEADLINE)
+        started = time.monotonic()
+        with pytest.raises(BackendError, match="gave up after 2 attempts: timeout") as info:
+            backend.generate([Request(config=CFG, prompt="hi")])
+        elapsed = time.monotonic() - started
+        backend.close()
+        assert server.stats() == {"requests": 2, kind: 2}
+    assert info.value.retries == 1
+    budget = (DEADLINE["max_retries"] + 1) * DEADLINE["timeout"] + DEADLINE["backoff_max"]
+    assert 0.9 * budget <= elapsed < budget + SLACK_S, elapsed
+    print(f"\n{which} {kind}: gave up after {elapsed:.2f}s (2 attempts of 1 s)")
+
+
+def test_a_slow_body_that_ends_within_the_deadline_is_answered() -> None:
+    with FaultServer(FaultPlan(rate=1.0, kinds=("trickle",), trickle_s=0.001)) as server:
+        backend = make_backend("openai:x", base_url=server.url, **{**DEADLINE, "timeout": 30})
+        out = backend.generate([Request(config=CFG, prompt="hi")])
+        backend.close()
+    assert out[0].text == echo_answer("hi") and out[0].retries == 0
+
+
+@pytest.mark.parametrize("which", ["openai", "anthropic", "sharded"])
+def test_close_ends_requests_in_flight_at_once(which) -> None:
+    """An interrupted run closes its backends: a request blocked on an endless body ends then,
+    not at its deadline, and nothing is sent after."""
+    plan = FaultPlan(rate=1.0, kinds=("endless",), trickle_s=0.05)
+    with FaultServer(plan) as server, FaultServer(plan) as other:
+        if which == "sharded":
+            backend = make_backend(
+                "openai:x", base_url=f"{server.url},{other.url}", timeout=60, max_retries=3
+            )
+        else:
+            spec, url = _spec(server, which)
+            backend = make_backend(spec, base_url=url, timeout=60, max_retries=3)
+        errors: list[BaseException] = []
+
+        def send() -> None:
+            try:
+                backend.generate([Request(config=CFG, prompt="hi")])
+            except BaseException as exc:  # noqa: B036 - checked below
+                errors.append(exc)
+
+        thread = threading.Thread(target=send)
+        thread.start()
+        while not server.events and not other.events:
+            time.sleep(0.01)
+        time.sleep(0.2)  # into the body
+        started = time.monotonic()
+        backend.close()
+        thread.join(timeout=30)
+        elapsed = time.monotonic() - started
+        requests = server.stats().get("requests", 0) + other.stats().get("requests", 0)
+    assert not thread.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], BackendError)
+    assert "cancelled" in str(errors[0]), errors[0]
+    assert requests == 1  # no retry, no failover
+    assert elapsed < SLACK_S, elapsed
+    print(f"\n{which}: the request ended {elapsed * 1000:.0f} ms after close()")
+
+
+def test_a_failed_call_records_the_retries_it_made(generated_games, tmp_path) -> None:
+    from experiments.config import RunConfig
+    from experiments.runner import run
+    from experiments.store import RunStore
+
+    with FaultServer(FaultPlan(rate=1.0, kinds=("500",))) as server:
+        cfg = RunConfig.of(
+            model="openai:x", base_url=server.url, data=str(generated_games), split=SPLIT,
+            games=1, trials=1, max_steps=2, workers=1, concurrency=1,
+            run_dir=str(tmp_path / "run"), backend_options={**FAST, "max_retries": 2},
+        )  # fmt: skip
+        run(cfg)
+        requests = server.stats()["requests"]
+    store = RunStore(tmp_path / "run", readonly=True)
+    calls = store.model_calls()
+    assert calls and all(c.error and c.retries == 2 for c in calls), calls
+    assert requests == 3 * len(calls)
+    assert store.events("retry") and store.events("infra_error")
+    store.close()
+
+
+def test_an_oversized_completion_is_cut_flagged_and_recorded(
+    generated_games, tmp_path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 4 MB answer to a request for max_tokens=20: a server fault, never stored whole."""
+    from agents.llm.base import OVERSIZED
+    from agents.llm.common import MAX_CHARS_PER_TOKEN
+    from experiments.config import RunConfig
+    from experiments.runner import run
+    from experiments.store import RunStore
+
+    huge = " look" + "x" * 4_000_000
+    with FaultServer(answer=lambda prompt: huge) as server, caplog.at_level(logging.WARNING):
+        backend = make_backend("openai:x", base_url=server.url, **FAST)
+        plain, chat = backend.generate(
+            [
+                Request(config=CFG, prompt="hi"),
+                Request(config=CFG, messages=(Message("user", "hi"),)),
+            ]
+        )
+        backend.close()
+        cfg = RunConfig.of(
+            model="openai:x", base_url=server.url, data=str(generated_games), split=SPLIT,
+            games=1, trials=1, max_steps=2, workers=1, concurrency=1,
+            run_dir=str(tmp_path / "run"), backend_options=FAST,
+        )  # fmt: skip
+        run(cfg)
+    for c in (plain, chat):
+        assert c.finish_reason == OVERSIZED
+        assert c.text == huge[: CFG.max_tokens * MAX_CHARS_PER_TOKEN]
+    assert any("4000005 characters for max_tokens=20" in r.getMessage() for r in caplog.records)
+    store = RunStore(tmp_path / "run", readonly=True)
+    steps = [s for e in store.episodes() for s in store.steps(e.episode_id)]
+    assert steps and all(len(s.raw_output) < 100_000 for s in steps)
+    assert store.events("oversized")
+    store.close()
+
+
+def test_sigint_during_a_hung_request_exits_at_once_and_resume_finishes(
+    generated_games, tmp_path
+) -> None:
+    """Ctrl-C (SIGINT to the process group) while a request reads an endless body: the run ends
+    with 130 at once (the request is aborted, no thread is waited for), the store is readable
+    and --resume against a good server finishes the interrupted episode."""
+    from experiments.store import RunStore
+
+    run_dir = tmp_path / "run"
+    args = ["--data", str(generated_games), "--split", SPLIT, "--games", "1", "--trials", "1",
+            "--max-steps", "3", "--workers", "1", "--concurrency", "1",
+            "--backend-option", "timeout=60", "--backend-option", "max_retries=2"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "experiments.cli", "run", "--model", "openai:x", *args]
+    hung = FaultPlan(rate=1.0, kinds=("endless",), trickle_s=0.05)
+    with FaultServer(hung) as server:
+        port = server.port
+        proc = subprocess.Popen(
+            [*cmd, "--base-url", server.url, "--run-dir", str(run_dir)], cwd=ROOT, env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 120
+            while not server.events:
+                assert proc.poll() is None, proc.communicate()
+                assert time.monotonic() < deadline, "no request in 120 s"
+                time.sleep(0.02)
+            time.sleep(0.5)  # into the endless body
+            started = time.monotonic()
+            os.killpg(proc.pid, signal.SIGINT)
+            _, err = proc.communicate(timeout=60)
+            elapsed = time.monotonic() - started
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err, err
+    assert elapsed < 15, elapsed
+    store = RunStore(run_dir, readonly=True)
+    assert [e.status for e in store.episodes()] == ["running"]
+    store.close()
+    with FaultServer(FaultPlan(), answer=lambda prompt: " look", port=port) as server:
+        r = subprocess.run(
+            [*cmd, "--base-url", server.url, "--resume", str(run_dir)],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    store = RunStore(run_dir, readonly=True)
+    assert [e.status for e in store.episodes()] == ["done"]
+    store.close()
+    print(f"\nSIGINT during an endless body: exit 130 after {elapsed:.2f}s")

@@ -119,6 +119,7 @@ class ShardedBackend:
         self.model = model
         self.urls = urls
         self.name = name or f"openai:{model}"
+        self._closing = threading.Event()
         # per server: a first attempt without retries, and the patient retries once it answers
         self.servers: list[OpenAIBackend] = []
         self._patient: list[OpenAIBackend] = []
@@ -194,9 +195,13 @@ class ShardedBackend:
         for i in order:
             try:
                 completion = self._send(i, request)
-            except _RequestError:
+            except _RequestError as exc:
+                exc.retries += failures
                 raise
             except BackendError as exc:
+                if self._closing.is_set():  # cancelled: no probe, no failover
+                    exc.retries += failures
+                    raise
                 last_error = exc
                 failures += 1
                 self._mark_down(i, exc)
@@ -209,7 +214,8 @@ class ShardedBackend:
             return self._noted(completion, i, preferred, failures)
         raise BackendError(
             f"{self.name}: all {len(self.urls)} servers are down "
-            f"({', '.join(str(safe_url(u)) for u in self.urls)}); last error: {last_error}"
+            f"({', '.join(str(safe_url(u)) for u in self.urls)}); last error: {last_error}",
+            retries=failures - 1,  # one attempt on each server
         )
 
     def _send(self, i: int, request: Request) -> Completion:
@@ -217,13 +223,13 @@ class ShardedBackend:
         try:
             return self.servers[i].generate([request])[0]
         except BackendError:
-            if not self._answers(i):
+            if self._closing.is_set() or not self._answers(i):
                 raise
         # it answers: retry there as a single server would; an error now is the request's own
         try:
             c = self._patient[i].generate([request])[0]
         except BackendError as exc:
-            raise _RequestError(str(exc)) from None
+            raise _RequestError(str(exc), retries=exc.retries + 1) from None
         return dataclasses.replace(c, retries=c.retries + 1)
 
     def _noted(self, c: Completion, i: int, preferred: int, failures: int) -> Completion:
@@ -265,8 +271,10 @@ class ShardedBackend:
             return False
 
     def close(self) -> None:
-        pool = getattr(self, "_pool", None)
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+        """End the requests in flight at once (each server's own close) and wait for nothing."""
+        self._closing.set()
         for s in (*self.servers, *getattr(self, "_patient", ())):
             s.close()
+        pool = getattr(self, "_pool", None)
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
