@@ -75,8 +75,10 @@ class ModelConfig:
     chat_format: str | None = option(None, "how chat backends receive completion prompts")
     backend_options: dict[str, Any] = option(
         {},
-        "backend keyword options (e.g. n_threads=1, concurrency=16); flag: --backend-option "
-        "KEY=VALUE, repeatable",
+        "backend keyword options (e.g. n_threads=1, concurrency=16; for HTTP backends "
+        "timeout=SECONDS is the deadline of one whole attempt, connect to last byte, and "
+        "max_retries=N more attempts each get their own); flag: --backend-option KEY=VALUE, "
+        "repeatable",
         flag="--backend-option",
     )
     action_decoding: str = option(

@@ -16,8 +16,10 @@ are applied here to the returned text instead; the others are sent. Only ``text`
 blocks are read (thinking blocks are skipped). ``n > 1`` is served by ``n`` requests.
 
 Concurrency, retries (timeouts, 429 with Retry-After, 5xx and 529 overloaded, dropped
-connections, malformed JSON) and key handling are those of the OpenAI backend: the key is read
-from ``api_key_env`` (default ``ANTHROPIC_API_KEY``) only and never stored or logged.
+connections, malformed JSON), ``timeout`` (the deadline of one whole attempt, each retry with its
+own), ``close()`` (ends the requests in flight), oversized answers and key handling are those of
+the OpenAI backend: the key is read from ``api_key_env`` (default ``ANTHROPIC_API_KEY``) only
+and never stored or logged.
 Grounded decoding: the Messages API cannot restrict the answer to a list of commands, so a
 request with a ``constraint`` is a one-line :class:`SpecError` naming ``--action-decoding
 nearest`` (free output mapped to the nearest admissible command afterwards).

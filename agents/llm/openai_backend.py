@@ -12,7 +12,18 @@ the prompt is wrapped as ``chat_format`` says (default ``"user"``, see :mod:`age
 Requests of a batch are sent concurrently by a thread pool (``concurrency``, default 8). The
 SDK's own retries are off; :mod:`agents.llm.retry` retries timeouts, 429 (honouring
 Retry-After), 5xx, dropped connections and malformed JSON, counts them in
-``Completion.retries`` and logs them on ``agents.llm.openai``.
+``Completion.retries`` (and in a failed request's ``BackendError.retries``) and logs them on
+``agents.llm.openai``.
+
+``timeout`` (seconds, default 60) is the deadline of one whole attempt: waiting for a
+connection, connecting, sending and reading the entire answer (:mod:`agents.llm.deadline`), not
+httpx's per-chunk read timeout, so a server that trickles its answer or never ends it cannot hold
+a request longer. Each retry (``max_retries``, default 6) is a new attempt with a deadline of its
+own: a request that keeps failing ends within ``(max_retries + 1) * timeout`` plus the waits
+between attempts (``backoff_base``, ``backoff_max``, ``jitter``, ``max_retry_after``).
+``close()`` ends the requests in flight at once (an interrupted run does not wait for them).
+An answer longer than ``max_tokens`` allows is a server fault: cut, logged, and flagged with
+the finish reason ``oversized`` (see :func:`agents.llm.common.finish_texts`).
 
 The key comes only from the environment variable ``api_key_env`` (default ``OPENAI_API_KEY``);
 a ``base_url`` server without one gets a dummy key. It never appears in ``describe()``,
