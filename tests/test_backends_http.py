@@ -313,11 +313,14 @@ def test_a_slow_body_that_ends_within_the_deadline_is_answered() -> None:
     assert out[0].text == echo_answer("hi") and out[0].retries == 0
 
 
-@pytest.mark.parametrize("which", ["openai", "anthropic", "sharded"])
-def test_close_ends_requests_in_flight_at_once(which) -> None:
-    """An interrupted run closes its backends: a request blocked on an endless body ends then,
-    not at its deadline, and nothing is sent after."""
-    plan = FaultPlan(rate=1.0, kinds=("endless",), trickle_s=0.05)
+@pytest.mark.parametrize(
+    "which,kind",
+    [("openai", "endless"), ("anthropic", "endless"), ("sharded", "endless"), ("openai", "429")],
+)
+def test_close_ends_requests_in_flight_at_once(which, kind) -> None:
+    """An interrupted run closes its backends: a request blocked on an endless body, or waiting
+    out a 429's Retry-After, ends then (not at its deadline), and nothing is sent after."""
+    plan = FaultPlan(rate=1.0, kinds=(kind,), trickle_s=0.05, retry_after="60")
     with FaultServer(plan) as server, FaultServer(plan) as other:
         if which == "sharded":
             backend = make_backend(
@@ -338,7 +341,7 @@ def test_close_ends_requests_in_flight_at_once(which) -> None:
         thread.start()
         while not server.events and not other.events:
             time.sleep(0.01)
-        time.sleep(0.2)  # into the body
+        time.sleep(0.2)  # into the body, or the wait before the retry
         started = time.monotonic()
         backend.close()
         thread.join(timeout=30)
@@ -349,7 +352,7 @@ def test_close_ends_requests_in_flight_at_once(which) -> None:
     assert "cancelled" in str(errors[0]), errors[0]
     assert requests == 1  # no retry, no failover
     assert elapsed < SLACK_S, elapsed
-    print(f"\n{which}: the request ended {elapsed * 1000:.0f} ms after close()")
+    print(f"\n{which} {kind}: the request ended {elapsed * 1000:.0f} ms after close()")
 
 
 def test_a_failed_call_records_the_retries_it_made(generated_games, tmp_path) -> None:
