@@ -108,7 +108,7 @@ class Completion:
     """One answer. ``sent`` records what actually went over the wire (e.g. chat messages)."""
 
     text: str
-    # "stop" | "length" | "error" | OVERSIZED (a server fault: see cap_text) | backend-specific
+    # "stop" | "length" | "error" | OVERSIZED (a server fault) | backend-specific
     finish_reason: str = "stop"
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -122,7 +122,7 @@ class Completion:
 OVERSIZED = "oversized"
 """The finish reason of a completion whose server sent more text than ``max_tokens`` allows: a
 server fault. The text is cut to what ``max_tokens`` allows (see
-:func:`agents.llm.common.cap_text`), the backend logs a warning and the engine records an
+:func:`agents.llm.common.finish_texts`), the backend logs a warning and the engine records an
 ``oversized`` event in the run store."""
 
 
