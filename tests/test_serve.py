@@ -260,7 +260,7 @@ def test_llama_cpp_server_killed_mid_run_is_restarted_and_the_run_completes(
         assert "server_died" in kinds and "server_restart" in kinds
         server = store.get_meta("server")
         assert server["restarts"] == 1 and server["failed"] is None
-        assert store.get_meta("status") == {"complete": True}
+        assert store.run_state().complete
         actor = store.get_meta("manifest")["actor"]
         assert actor["backend"] == "openai" and actor["api"] == "completions"
         assert actor["base_url"] == f"http://127.0.0.1:{port}/v1"
@@ -311,7 +311,7 @@ def test_sigterm_stops_the_server_and_resume_starts_it_again(generated_games, tm
     assert r.returncode == 0, r.stderr[-3000:]
     store = RunStore(run_dir, readonly=True)
     try:
-        assert store.get_meta("status") == {"complete": True}
+        assert store.run_state().complete
         assert {e.status for e in store.episodes()} == {"done"} and len(store.episodes()) == 2
     finally:
         store.close()
