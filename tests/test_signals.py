@@ -198,3 +198,25 @@ def test_a_run_whose_episodes_all_end_as_infrastructure_errors_exits_3(
         assert main(["run", "--resume", str(run_dir)]) == 0
     state = state_of(run_dir)
     assert state.complete and state.errors == 0
+
+
+def test_a_preset_job_left_with_infrastructure_errors_makes_the_preset_run_exit_3(
+    generated_games, tmp_path, capsys
+):
+    preset = tmp_path / "one.yaml"
+    with FaultServer(FaultPlan(rate=1.0, kinds=("500",)), answer=_look) as broken:
+        preset.write_text(
+            "description: a model server that fails every request\n"
+            f"base: {{data: '{generated_games}', split: {SPLIT}, games: 1, trials: 1,"
+            f" max_steps: 6, model: 'openai:test', base_url: '{broken.url}',"
+            " backend_options: {max_retries: 0, timeout: 5, backoff_base: 0.01}}\n"
+            "jobs:\n"
+            "  - {name: only, agent: react}\n"
+        )
+        root = tmp_path / "m"
+        code = main(["run", "--config", str(preset), "--run-dir", str(root)])
+    out = capsys.readouterr().out
+    assert code == 3, out
+    assert "only: errors" in out and "infrastructure errors" in out
+    job = json.loads((root / "matrix.json").read_text())["jobs"]["only"]
+    assert job["status"] == "errors" and "--resume" in job["error"]
