@@ -358,8 +358,11 @@ def _portable(exc: Exception) -> Exception:
 
 def _worker_main(conn: Connection, spec: EnvSpec) -> None:
     """A worker's loop: answer each call of a batch in order, one message per call."""
-    # Ctrl-C reaches the whole process group; the parent decides what happens to workers.
+    # Ctrl-C (and a scheduler's SIGTERM) reach the whole process group; the parent decides
+    # what happens to workers: it stops taking work, commits, then closes them (a parent killed
+    # outright closes their pipe, and they exit)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     envs: dict[int, Any] = {}
     try:
         # the env's module (not its engine) loads under the start allowance, not a call's timeout

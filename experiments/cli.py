@@ -13,7 +13,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+# Exit codes (README "Exit codes"): 0 finished (complete, or stopped by its budget/deadline);
+# 1 a preset job failed; 2 bad input or an unusable run directory; 3 finished, but tasks were
+# left by infrastructure errors (--resume retries them); 130 SIGINT, 143 SIGTERM (stopped
+# mid-way, everything played is kept; --resume plays the rest).
 USAGE_ERROR = 2
+INFRA_ERRORS = 3
+INTERRUPTED = 130
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -76,7 +82,26 @@ def _run(args: argparse.Namespace) -> int:
     print(f"run: {run_dir}")
     if report is not None:
         print(f"report: {report}")
-    return 0
+    return _run_outcome(run_dir)
+
+
+def _run_outcome(run_dir: Path) -> int:
+    """The exit code of a run that returned, from the state its store derives (a line says
+    what is left when it is not complete)."""
+    from experiments import matrix
+
+    status, state = matrix.job_state(run_dir)
+    if state is None or state.complete:
+        return 0
+    if state.stopped:
+        left = state.tasks - state.finished
+        print(f"stopped: {state.stopped}; {_n(left, 'task')} left (--resume {run_dir} goes on)")
+        return 0
+    if status == "errors":
+        print(f"unfinished: {matrix.errors_note(state)}: reflexsim run --resume {run_dir}")
+        return INFRA_ERRORS
+    print(f"unfinished ({status}): reflexsim run --resume {run_dir} plays the rest")
+    return INFRA_ERRORS
 
 
 def _n(count: int, noun: str) -> str:
@@ -202,7 +227,7 @@ def _run_matrix(args: argparse.Namespace, preset: Any) -> int:
     print(f"matrix: {result.run_dir}")
     if result.report is not None:
         print(f"report: {result.report}")
-    return 1 if result.failed else 0
+    return 1 if result.failed else INFRA_ERRORS if result.with_errors else 0
 
 
 def _write_report_if_available(run_dir: Path) -> Path | None:
@@ -332,16 +357,60 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     handler: Handler = args.handler
+    terminated: list[int] = []
+    restore = _handle_sigterm(terminated)
     try:
         return handler(args)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        from experiments.errors import Terminated
+
+        code = Terminated.exit_code if terminated or isinstance(exc, Terminated) else INTERRUPTED
+        name = "SIGTERM" if code == Terminated.exit_code else "SIGINT"
+        print(
+            f"interrupted ({name}): what was played is kept; --resume <run dir> plays the rest",
+            file=sys.stderr,
+        )
+        return code
     except Exception as exc:  # user-facing errors become one line; bugs keep their traceback
         if _is_user_error(exc):
             print(f"reflexsim: error: {exc}", file=sys.stderr)
             return USAGE_ERROR
         raise
+    finally:
+        restore()
+
+
+def _handle_sigterm(terminated: list[int]) -> Callable[[], None]:
+    """SIGTERM (a scheduler's preemption, ``kill``) is handled like Ctrl-C: inside a run's event
+    loop, SIGINT's handler cancels the run (its ``finally`` commits what was played); elsewhere
+    ``Terminated`` is raised. ``terminated`` records it, for the exit code 143. Returns what
+    puts the previous handler back. A SIGTERM already ignored (``nohup``) stays ignored."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is signal.SIG_IGN:
+        return lambda: None
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        from experiments.errors import Terminated
+
+        terminated.append(signum)
+        on_sigint = signal.getsignal(signal.SIGINT)
+        if len(terminated) == 1 and callable(on_sigint):
+            if on_sigint is not signal.default_int_handler:
+                on_sigint(signal.SIGINT, frame)  # asyncio.run's: cancels the main task
+                return
+        raise Terminated()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+    def restore() -> None:
+        signal.signal(signal.SIGTERM, previous)
+
+    return restore
 
 
 def _is_user_error(exc: BaseException) -> bool:

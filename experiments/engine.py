@@ -40,7 +40,7 @@ log = logging.getLogger("reflexsim.engine")
 
 
 class StopRun(Exception):
-    """A budget or deadline stopped the run: live episodes stay 'running' for --resume."""
+    """A budget or deadline stopped the run: live episodes become 'interrupted' for --resume."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)

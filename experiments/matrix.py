@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from experiments.config import (
     RunConfig,
@@ -60,10 +60,15 @@ from experiments.config import (
     parse_deadline,
 )
 from experiments.errors import ConfigError, RunStoreError
+from experiments.lock import DirLock, holder_alive
+
+if TYPE_CHECKING:
+    from experiments.store import RunState
 
 log = logging.getLogger("reflexsim.matrix")
 
 STATE_FILE = "matrix.json"
+LOCK_FILE = "matrix.lock"  # held by the one process that runs the matrix
 PRESET_KEYS = {"description", "extends", "needs_data", "base", "jobs"}
 # The sizes of ALFWorld's splits (protocol facts), for plans made without the games.
 SPLIT_SIZES = {"eval_out_of_distribution": 134, "eval_in_distribution": 140, "train": 3553}
@@ -340,6 +345,11 @@ class MatrixResult:
     def failed(self) -> list[str]:
         return [n for n, r in self.jobs.items() if r.get("status") == "failed"]
 
+    @property
+    def with_errors(self) -> list[str]:
+        """Jobs that ended with tasks left by infrastructure errors (--resume retries them)."""
+        return [n for n, r in self.jobs.items() if r.get("status") == "errors"]
+
 
 def is_matrix_dir(path: str | os.PathLike[str]) -> bool:
     return (Path(path) / STATE_FILE).is_file()
@@ -362,17 +372,23 @@ def _write_state(run_dir: Path, state: dict[str, Any]) -> None:
 
 
 def job_status(job_dir: Path) -> str:
-    """``new`` (no run yet), ``complete``, or ``unfinished`` (stopped, failed or interrupted)."""
-    from experiments.store import RunStore
+    """``new`` (no run yet), else the status its run store derives (a ``RunStatus`` value:
+    ``complete``, ``running``, ``stopped``, ``interrupted`` or ``errors``)."""
+    return job_state(job_dir)[0]
 
-    if not (job_dir / "run.sqlite").is_file():
-        return "new"
+
+def job_state(job_dir: Path) -> tuple[str, RunState | None]:
+    """``job_status`` and the run state behind it (None for a new job)."""
+    from experiments.store import DB_NAME, RunStore
+
+    if not (job_dir / DB_NAME).is_file():
+        return "new", None
     store = RunStore(job_dir, readonly=True)
     try:
-        status = store.get_meta("status") or {}
+        state = store.run_state()
     finally:
         store.close()
-    return "complete" if status.get("complete") else "unfinished"
+    return state.status.value, state
 
 
 class _Servers:
@@ -419,19 +435,27 @@ def run_matrix(
         if run_dir is None or not is_matrix_dir(run_dir):
             raise RunStoreError(f"{str(run_dir)!r} holds no matrix ({STATE_FILE} is missing)")
         root = Path(run_dir)
-        state = read_state(root)
-        preset = preset_from_dict(state["preset"])
+        lock = DirLock(root, LOCK_FILE).acquire(what="a preset run")
+        try:
+            state = read_state(root)
+            preset = preset_from_dict(state["preset"])
+        except BaseException:
+            lock.release()
+            raise
         flags = {**state.get("flags", {}), **flags}
         state["resumed_at"] = time.time()
     else:
         if preset is None:
             raise ConfigError("no preset given: pass --config <preset or file>")
         root = Path(run_dir) if run_dir is not None else default_matrix_dir(preset)
+        lock = DirLock(root, LOCK_FILE)
+        if holder_alive(root, LOCK_FILE):
+            lock.acquire(what="a preset run").release()  # raises, naming the live holder
         if is_matrix_dir(root):
             raise RunStoreError(
                 f"{str(root)!r} already holds a matrix: use --resume {root} or another --run-dir"
             )
-        if root.exists() and any(root.iterdir()):
+        if root.exists() and any(p.name != LOCK_FILE for p in root.iterdir()):
             raise RunStoreError(
                 f"{str(root)!r} is not empty and holds no matrix: pick another --run-dir"
             )
@@ -441,13 +465,27 @@ def run_matrix(
             "started_at": time.time(),
             "jobs": {},
         }
+    try:
+        return _run_matrix(preset, flags, root, state, lock, force)
+    finally:
+        lock.release()
+
+
+def _run_matrix(
+    preset: Preset,
+    flags: Mapping[str, Any],
+    root: Path,
+    state: dict[str, Any],
+    lock: DirLock,
+    force: bool,
+) -> MatrixResult:
     on_ray = _ray_address(preset, flags)
     if on_ray:
         from experiments.ray_session import import_ray
 
         import_ray()  # a missing extra is a one-line error before anything is written
         root = root.resolve()  # every node must find it at the same path
-    root.mkdir(parents=True, exist_ok=True)
+    lock.acquire(what="a preset run")  # before anything is written (it makes the directory)
     state["flags"] = {k: v for k, v in dict(flags).items() if k != "run_dir"}
     start = time.time()
     configs = [(job, job_config(preset, job, flags, root, start)) for job in preset.jobs]
@@ -500,7 +538,7 @@ def play_job(cfg: RunConfig, force: bool, servers: _Servers | None = None) -> di
     status = job_status(job_dir)
     if status == "complete":  # e.g. a lost attempt that had finished it
         return {"status": "complete"}
-    resume = str(job_dir) if status == "unfinished" else None
+    resume = str(job_dir) if status != "new" else None
     try:
         if cfg.server.serve:
             from experiments.runner import select_games
@@ -522,10 +560,24 @@ def play_job(cfg: RunConfig, force: bool, servers: _Servers | None = None) -> di
             finished_at=time.time(),
         )
         return out
-    out["status"] = "complete" if job_status(job_dir) == "complete" else "stopped"
+    status, state = job_state(job_dir)
+    out["status"] = status
+    if state is not None and state.status.value == "errors":
+        out["error"] = errors_note(state)
+    elif state is not None and state.stopped:
+        out["note"] = state.stopped
     out["finished_at"] = time.time()
     out["wall_s"] = round(out["finished_at"] - out["started_at"], 2)
     return out
+
+
+def errors_note(state: RunState) -> str:
+    """What a run that ended with infrastructure errors left, and what plays it."""
+    left = state.tasks - state.finished
+    return (
+        f"{left} of {state.tasks} tasks left by infrastructure errors "
+        f"({state.errors} episodes): --resume retries them"
+    )
 
 
 def _run_jobs(

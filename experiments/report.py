@@ -179,7 +179,7 @@ def summarize(reader: RunReader) -> dict[str, Any]:
         "errors": statuses.get(EpisodeStatus.ERROR.value, 0),
         "episodes": statuses,
         "events": reader.event_counts(),
-        "status": reader.get_meta("status"),
+        "status": reader.run_state().to_dict(),
         "started_at": manifest.get("started_at"),
         "compute": compute,
         "escalation": _escalation(reader, set(solved_at)),

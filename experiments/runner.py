@@ -8,6 +8,7 @@ import functools
 import hashlib
 import json
 import logging
+import os
 import platform
 import subprocess
 import sys
@@ -31,7 +32,8 @@ from envs.aio import AsyncEnvPool
 from experiments.config import RESUMABLE_KEYS, RunConfig, data_root, parse_deadline
 from experiments.engine import Engine, ModelClient, Usage
 from experiments.errors import ConfigError, RunStoreError
-from experiments.store import RunStore
+from experiments.lock import DirLock, holder_alive
+from experiments.store import DB_NAME, LOCK_NAME, RunStore
 from experiments.trials import Escalation, Safeguards, Task, TrialLoop, TrialPlan
 
 log = logging.getLogger("reflexsim.runner")
@@ -356,16 +358,39 @@ class Plan:
     actor: Backend
     reflector: Backend
     resumed: bool
+    lock: DirLock | None = None  # the run directory's, held until close (None: the caller's)
 
     def close(self) -> None:
-        self.actor.close()
-        if self.reflector is not self.actor:
-            self.reflector.close()
+        try:
+            self.actor.close()
+            if self.reflector is not self.actor:
+                self.reflector.close()
+        finally:
+            if self.lock is not None:
+                self.lock.release()
 
 
-def prepare(cfg: RunConfig, resume: str | None = None, force: bool = False) -> Plan:
+def run_lock(run_dir: Path) -> DirLock:
+    """The lock of one writer per run directory, held for the run's whole life."""
+    return DirLock(run_dir, LOCK_NAME)
+
+
+def refuse_live_run(run_dir: Path) -> None:
+    """A one-line RunStoreError naming the process that runs in ``run_dir`` now, if one does
+    (writes nothing into the directory)."""
+    if holder_alive(run_dir, LOCK_NAME):
+        run_lock(run_dir).acquire(what="a run").release()  # raises, naming the holder
+
+
+def prepare(
+    cfg: RunConfig, resume: str | None = None, force: bool = False, lock: DirLock | None = None
+) -> Plan:
     """Resolve a run: its games, run directory, backends and manifest (checked against the
-    recorded one when resuming). Nothing is played yet; :func:`execute` plays it."""
+    recorded one when resuming). Nothing is played yet; :func:`execute` plays it.
+
+    The run directory's lock (one writer per directory) is taken before anything is written
+    into it and held by the plan until :func:`execute` ends; ``lock``: one the caller already
+    holds (and releases)."""
     games = select_games(cfg)
     if resume:
         run_dir = Path(resume)
@@ -374,8 +399,29 @@ def prepare(cfg: RunConfig, resume: str | None = None, force: bool = False) -> P
     else:
         run_dir = default_run_dir(cfg)
     cfg = cfg.replace(run_dir=str(run_dir))
+    own = run_lock(run_dir) if lock is None else None
+    held = lock if lock is not None else own
+    assert held is not None
+    try:
+        return _prepare(cfg, games, run_dir, resume, force, held, own)
+    except BaseException:
+        if own is not None:
+            own.release()
+        raise
+
+
+def _prepare(
+    cfg: RunConfig,
+    games: GameSet,
+    run_dir: Path,
+    resume: str | None,
+    force: bool,
+    lock: DirLock,
+    own: DirLock | None,
+) -> Plan:
     old: dict[str, Any] | None = None
     if resume:
+        lock.acquire(what="a run")  # a live run is refused before its store is opened
         store = RunStore(run_dir)
         try:
             played = len(store.trials())
@@ -387,38 +433,45 @@ def prepare(cfg: RunConfig, resume: str | None = None, force: bool = False) -> P
                 f"the run in {str(run_dir)!r} has started {played} trials: "
                 f"resume with --trials {played} or more"
             )
-    elif (run_dir / "run.sqlite").exists():
+    else:
+        if not lock.held:
+            refuse_live_run(run_dir)
+        _refuse_existing(run_dir)
+    actor, reflector = make_backends(cfg)
+    try:
+        if cfg.models.action_decoding == "grounded":
+            from agents.llm.common import check_grounding
+
+            check_grounding(actor)  # a backend that cannot constrain: one line naming nearest
+        manifest = build_manifest(cfg, games, actor, reflector, data_root(cfg))
+        if old is not None:
+            diffs = manifest_differences(old, manifest)
+            if diffs and not force:
+                raise RunStoreError(
+                    f"the run in {str(run_dir)!r} was made with a different setup "
+                    f"({'; '.join(diffs[:3])}): resume with the same config, or pass --force"
+                )
+            manifest = {**old, "resumed_at": time.time(), "resume_differences": diffs}
+            manifest["config"] = {
+                **old.get("config", {}),
+                **{k: v for k, v in cfg.to_dict().items() if k in RESUMABLE_KEYS},
+            }
+        elif not lock.held:
+            lock.acquire(what="a run")  # the last check: nothing was written before it
+            _refuse_existing(run_dir)  # another run may have begun here meanwhile
+    except BaseException:
+        actor.close()
+        if reflector is not actor:
+            reflector.close()
+        raise
+    return Plan(cfg, run_dir, games, manifest, actor, reflector, old is not None, own)
+
+
+def _refuse_existing(run_dir: Path) -> None:
+    if (run_dir / DB_NAME).exists():
         raise RunStoreError(
             f"{str(run_dir)!r} already holds a run: use --resume {run_dir} or another --run-dir"
         )
-    actor, reflector = make_backends(cfg)
-    if cfg.models.action_decoding == "grounded":
-        from agents.llm.common import check_grounding
-
-        try:
-            check_grounding(actor)  # a backend that cannot constrain: one line naming nearest
-        except BaseException:
-            actor.close()
-            if reflector is not actor:
-                reflector.close()
-            raise
-    manifest = build_manifest(cfg, games, actor, reflector, data_root(cfg))
-    if old is not None:
-        diffs = manifest_differences(old, manifest)
-        if diffs and not force:
-            actor.close()
-            if reflector is not actor:
-                reflector.close()
-            raise RunStoreError(
-                f"the run in {str(run_dir)!r} was made with a different setup "
-                f"({'; '.join(diffs[:3])}): resume with the same config, or pass --force"
-            )
-        manifest = {**old, "resumed_at": time.time(), "resume_differences": diffs}
-        manifest["config"] = {
-            **old.get("config", {}),
-            **{k: v for k, v in cfg.to_dict().items() if k in RESUMABLE_KEYS},
-        }
-    return Plan(cfg, run_dir, games, manifest, actor, reflector, resumed=old is not None)
 
 
 def execute(plan: Plan, progress: Progress | None = None) -> Path:
@@ -516,6 +569,9 @@ async def _execute(plan: Plan, progress: Progress) -> Path:
 
     started = time.time()
     stopped: str | None = None
+    ended: dict[str, Any] = {"how": "crashed"}
+    if not plan.resumed:  # a resume's own event (above) marks where its process began
+        store.log_event("start", json.dumps({"pid": os.getpid()}))
     with _RunLog(run_dir):
         try:
             escalate = extra.get("escalate")
@@ -529,6 +585,13 @@ async def _execute(plan: Plan, progress: Progress) -> Path:
                 else None,
             )  # fmt: skip
             stopped = await loop.run(tasks)
+            ended = {"how": "stopped", "reason": stopped} if stopped else {"how": "finished"}
+        except (asyncio.CancelledError, KeyboardInterrupt) as exc:
+            ended = {"how": "interrupted", "by": type(exc).__name__}
+            raise
+        except Exception as exc:
+            ended = {"how": "crashed", "error": f"{type(exc).__name__}: {exc}"[:500]}
+            raise
         finally:
             progress.close()
             envs.close()
@@ -541,10 +604,14 @@ async def _execute(plan: Plan, progress: Progress) -> Path:
                 client.backend.close()
             wall = store.get_meta("wall_s", 0.0) + (time.time() - started)
             store.set_meta("wall_s", wall)
-            status = {"stopped": stopped} if stopped else {"complete": True}
-            store.set_meta("status", status)
+            if ended["how"] != "finished":
+                left = store.mark_interrupted()  # their steps are kept: a resume continues them
+                if left:
+                    ended["episodes_left"] = left
             if stopped:
                 store.log_event("budget", str(stopped))
+            # how this process ended; whether the run is complete is the store's to derive
+            store.log_event("end", json.dumps(ended))
             store.close()
     return run_dir
 
@@ -650,10 +717,15 @@ def _yaml(tree: dict[str, Any]) -> str:
 
 
 def run(
-    cfg: RunConfig, resume: str | None = None, force: bool = False, progress: Progress | None = None
+    cfg: RunConfig,
+    resume: str | None = None,
+    force: bool = False,
+    progress: Progress | None = None,
+    lock: DirLock | None = None,
 ) -> Path:
-    """Prepare and execute a run (or resume one); returns the run directory."""
-    return execute(prepare(cfg, resume=resume, force=force), progress)
+    """Prepare and execute a run (or resume one); returns the run directory (its store says
+    how it ended: ``RunStore.run_state``). ``lock``: the run directory's, already held."""
+    return execute(prepare(cfg, resume=resume, force=force, lock=lock), progress)
 
 
 def dry_run_plan(cfg: RunConfig) -> dict[str, Any]:

@@ -527,7 +527,8 @@ def _model_ids(body: bytes) -> list[str]:
 def stop_server_on_signals() -> Iterator[None]:
     """While a server runs, SIGTERM and SIGHUP raise KeyboardInterrupt, so that ``finally``
     blocks stop it: it runs in its own session, and a killed runner would leave it holding the
-    GPU. A signal already ignored (``nohup``) stays ignored."""
+    GPU. A signal already ignored (``nohup``) stays ignored, and one that already has a handler
+    (the CLI's SIGTERM: ``experiments.errors.Terminated``) keeps it."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -537,7 +538,7 @@ def stop_server_on_signals() -> Iterator[None]:
 
     saved = {}
     for sig in (signal.SIGTERM, signal.SIGHUP):
-        if signal.getsignal(sig) is not signal.SIG_IGN:
+        if signal.getsignal(sig) in (signal.SIG_DFL, None):
             saved[sig] = signal.signal(sig, interrupt)
     try:
         yield
@@ -553,8 +554,9 @@ def run_served(
     server: ModelServer | None = None,
     progress: Any = None,
 ) -> Path:
-    """``runner.run`` with the model served: starts (or reuses) the server, stops one it started."""
-    from experiments.runner import default_run_dir, run, select_games
+    """``runner.run`` with the model served: starts (or reuses) the server, stops one it started.
+    The run directory's lock is taken before the server starts and held until the end."""
+    from experiments.runner import default_run_dir, refuse_live_run, run, run_lock, select_games
 
     check_serve(cfg)
     run_dir = (
@@ -564,27 +566,31 @@ def run_served(
         if cfg.execution.run_dir
         else default_run_dir(cfg)
     )
+    refuse_live_run(run_dir)
     if not resume and (run_dir / "run.sqlite").exists():
         raise RunStoreError(
             f"{str(run_dir)!r} already holds a run: use --resume {run_dir} or another --run-dir"
         )
     select_games(cfg)  # a bad game selection fails now, not after a long server start
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if cfg.cluster.serve_replicas > 1 and server is None:
+    lock = run_lock(run_dir).acquire(what="a run")  # it makes the directory
+    try:
+        if cfg.cluster.serve_replicas > 1 and server is None:
+            with stop_server_on_signals():
+                return run_on_replicas(cfg, run_dir, resume, force, progress, lock)
         with stop_server_on_signals():
-            return run_on_replicas(cfg, run_dir, resume, force, progress)
-    with stop_server_on_signals():
-        own = server is None
-        if server is None:
-            server = ModelServer(serve_settings(cfg, run_dir / "server.log")).start()
-        first_event = len(server.events)
-        try:
-            served = served_config(cfg.replace(run_dir=str(run_dir)), server.settings.port)
-            return run(served, resume=resume, force=force, progress=progress)
-        finally:
-            if own:
-                server.stop()
-            _record(run_dir, server, first_event)
+            own = server is None
+            if server is None:
+                server = ModelServer(serve_settings(cfg, run_dir / "server.log")).start()
+            first_event = len(server.events)
+            try:
+                served = served_config(cfg.replace(run_dir=str(run_dir)), server.settings.port)
+                return run(served, resume=resume, force=force, progress=progress, lock=lock)
+            finally:
+                if own:
+                    server.stop()
+                _record(run_dir, server, first_event)
+    finally:
+        lock.release()
 
 
 def _record(run_dir: Path, server: ModelServer, first_event: int) -> None:
@@ -669,7 +675,12 @@ def _repoint(run_dir: Path, base_url: str) -> None:
 
 
 def run_on_replicas(
-    cfg: RunConfig, run_dir: Path, resume: str | None, force: bool, progress: Any = None
+    cfg: RunConfig,
+    run_dir: Path,
+    resume: str | None,
+    force: bool,
+    progress: Any = None,
+    lock: Any = None,
 ) -> Path:
     """``runner.run`` against ``serve_replicas`` model servers started as Ray actors (each
     reserving the model's GPUs, spread over the nodes); stops them at the end."""
@@ -696,7 +707,13 @@ def run_on_replicas(
             served = served_config(cfg.replace(run_dir=str(run_dir)), cfg.server.serve_port)
             if resume:
                 _repoint(run_dir, urls)
-            return run(served.replace(base_url=urls), resume=resume, force=force, progress=progress)
+            return run(
+                served.replace(base_url=urls),
+                resume=resume,
+                force=force,
+                progress=progress,
+                lock=lock,
+            )
         finally:
             ends = _stop_replicas(ray, actors)
             if infos and (run_dir / "run.sqlite").is_file():

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Self, TypeVar
 
 from experiments.errors import RunStoreError
+from experiments.lock import holder_alive
 from memory.records import (
     EpisodeStatus,
     FailureClass,
@@ -45,6 +46,7 @@ from memory.records import (
 )
 
 DB_NAME = "run.sqlite"
+LOCK_NAME = "run.lock"  # held by the one process that writes the run (experiments.lock)
 SCHEMA_VERSION = 2
 
 # Version 1: the tables of every store (unchanged since the first release).
@@ -231,9 +233,15 @@ _TABLES_ADDED = (
     model TEXT NOT NULL,
     created_at REAL NOT NULL
 )""",
+    """CREATE TABLE IF NOT EXISTS task_ends (
+    game TEXT PRIMARY KEY,           -- a task whose trials are over under the run's plan
+    trial INTEGER NOT NULL,          -- the trial that ended it
+    reason TEXT NOT NULL,            -- a TaskEnd value
+    created_at REAL NOT NULL
+)""",
 )
 _ADDED_NAMES = ("search_nodes", "search_iterations", "search_ends", "reflection_notes",
-                "escalations")  # fmt: skip
+                "escalations", "task_ends")  # fmt: skip
 
 _NODE_COLUMNS = tuple(f.name for f in dataclasses.fields(SearchNode))
 _ITERATION_COLUMNS = tuple(f.name for f in dataclasses.fields(SearchIteration))
@@ -387,6 +395,54 @@ class Escalation:
 
     outcome: Outcome
     model: str
+
+
+class TaskEnd(StrEnum):
+    """Why a task has no trial left to play (the trial loop's rules)."""
+
+    SOLVED = "solved"  # won: its later trials are skipped
+    TRIALS = "trials"  # every trial played (and its escalation run, if any)
+    OSCILLATING = "oscillating"  # a trial repeated an earlier one's actions
+    TASK_BUDGET = "task_budget"  # it used up its token or time budget
+
+
+class RunStatus(StrEnum):
+    """Where a run stands, derived from its store (never a flag written on the way out)."""
+
+    COMPLETE = "complete"  # every planned task finished, or was given up by a rule
+    RUNNING = "running"  # a live process holds the run's lock
+    STOPPED = "stopped"  # a budget or deadline stopped it; --resume (with more) goes on
+    INTERRUPTED = "interrupted"  # a signal, a crash or kill -9 ended it; --resume goes on
+    ERRORS = "errors"  # it ended with tasks left by infrastructure errors; --resume retries
+
+
+@dataclass(frozen=True)
+class RunState:
+    """A run's status and the counts behind it (:meth:`RunReader.run_state`)."""
+
+    status: RunStatus
+    tasks: int  # planned tasks (the manifest's games)
+    finished: int  # of them, those with no trial left (a TaskEnd recorded this session)
+    errors: int  # episodes that ended as infrastructure errors (--resume plays them again)
+    stopped: str | None = None  # the budget or deadline that stopped it
+    ended: str | None = None  # how the last process to run it ended, if it could say
+
+    @property
+    def complete(self) -> bool:
+        return self.status == RunStatus.COMPLETE
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "status": self.status.value, "complete": self.complete}
+
+
+# How a process that ran a run ended (the ``end`` event's ``how``); kill -9 writes none.
+ENDED_STATUS = {
+    "finished": RunStatus.ERRORS,  # a finished pass that is not complete left tasks to errors
+    "stopped": RunStatus.STOPPED,
+    "interrupted": RunStatus.INTERRUPTED,
+    "crashed": RunStatus.INTERRUPTED,
+}
+SESSION_EVENTS = ("start", "resume", "end")  # the events that open and close a process's run
 
 
 def escalation_id(game: str) -> str:
@@ -805,6 +861,39 @@ class RunReader:
         ).fetchone()
         return {"prompt": row["p"], "completion": row["c"], "cached_prompt": row["k"]}
 
+    def task_ends(self) -> dict[str, TaskEnd]:
+        """The tasks with no trial left, and why (empty in a store made before they were kept)."""
+        if "task_ends" not in self._added:
+            return {}
+        rows = self._conn.execute("SELECT game, reason FROM task_ends").fetchall()
+        return {r["game"]: _enum(TaskEnd, r["reason"], f"task {r['game']!r}") for r in rows}
+
+    def run_state(self) -> RunState:
+        """The run's status, derived: complete when every game of the manifest has a task end;
+        else running (a live process holds its lock), else how its last process ended: a budget
+        stop, an interrupt, or a finished pass that left tasks to infrastructure errors (a
+        process that could not say, kill -9, reads as interrupted)."""
+        games = set((self.get_meta("manifest") or {}).get("games") or {})
+        finished = len(games & set(self.task_ends()))
+        errors = self._conn.execute(
+            "SELECT COUNT(*) FROM episodes WHERE status=?", (EpisodeStatus.ERROR.value,)
+        ).fetchone()[0]
+        marks = "(" + ", ".join("?" * len(SESSION_EVENTS)) + ")"
+        last = self._conn.execute(
+            f"SELECT kind, detail FROM events WHERE kind IN {marks} AND episode_id IS NULL"
+            " ORDER BY id DESC LIMIT 1",
+            SESSION_EVENTS,
+        ).fetchone()
+        end = json.loads(last["detail"]) if last is not None and last["kind"] == "end" else {}
+        how, stopped = end.get("how"), end.get("reason") if end.get("how") == "stopped" else None
+        if self.get_meta("manifest") is not None and finished == len(games):
+            status = RunStatus.COMPLETE
+        elif holder_alive(self.run_dir, LOCK_NAME):
+            status = RunStatus.RUNNING
+        else:
+            status = ENDED_STATUS.get(str(how), RunStatus.INTERRUPTED)
+        return RunState(status, len(games), finished, int(errors), stopped, how)
+
     def progress(self) -> Progress:
         """Solved tasks and tokens so far, from an index and the running totals (cheap)."""
         row = self._conn.execute(
@@ -953,6 +1042,22 @@ class RunStore(RunReader):
             "UPDATE episodes SET resimulated = resimulated + 1 WHERE episode_id=?", (episode,)
         )
 
+    def mark_interrupted(self) -> int:
+        """Episodes left in play by an interrupt: ``interrupted`` (a resume continues them from
+        their last recorded step). Returns how many."""
+        cur = self._conn.execute(
+            "UPDATE episodes SET status=? WHERE status=?",
+            (EpisodeStatus.INTERRUPTED.value, EpisodeStatus.RUNNING.value),
+        )
+        return int(cur.rowcount)
+
+    def continue_episode(self, episode: str) -> None:
+        """An interrupted episode is in play again."""
+        self._conn.execute(
+            "UPDATE episodes SET status=? WHERE episode_id=? AND status=?",
+            (EpisodeStatus.RUNNING.value, episode, EpisodeStatus.INTERRUPTED.value),
+        )
+
     def retry_episode(self, episode: str) -> None:
         """Forget an errored episode's steps so it is played again from the start.
 
@@ -1087,6 +1192,20 @@ class RunStore(RunReader):
                     "UPDATE trials SET tasks_json=? WHERE trial=?",
                     (json.dumps(sorted([*tasks, game])), trial),
                 )
+
+    def reopen_tasks(self) -> None:
+        """Forget every task end: a new pass of the trial loop records each again under its
+        plan (a resume may allow more trials than the last)."""
+        self._conn.execute("DELETE FROM task_ends")
+
+    def end_task(self, game: str, trial: int, reason: str) -> None:
+        """``game`` has no trial left (``reason``: a TaskEnd value), recorded as it happens."""
+        self._conn.execute(
+            "INSERT INTO task_ends(game, trial, reason, created_at) VALUES (?,?,?,?)"
+            " ON CONFLICT(game) DO UPDATE SET trial=excluded.trial, reason=excluded.reason,"
+            " created_at=excluded.created_at",
+            (game, trial, TaskEnd(reason).value, time.time()),
+        )
 
     def finish_trial(self, trial: int) -> None:
         self._conn.execute("UPDATE trials SET finished_at=? WHERE trial=?", (time.time(), trial))

@@ -28,7 +28,7 @@ from agents.episode import Agent, EpisodeSpec, episode_seed
 from agents.llm.base import BackendError, Completion, Request
 from agents.reflexion import ReflexionSettings
 from experiments.engine import Engine, ModelClient, StopRun
-from experiments.store import EpisodeRow, RunStore, episode_id, escalation_id
+from experiments.store import EpisodeRow, RunStore, TaskEnd, episode_id, escalation_id
 from memory.records import EpisodeStatus, FailureClass, Reflection, StepKind
 
 log = logging.getLogger("reflexsim.trials")
@@ -96,12 +96,22 @@ class TrialLoop:
         self._open_trials: set[int] = set()
 
     async def run(self, tasks: Sequence[Task]) -> str | None:
-        """All tasks' trials; None when complete, or why the run stopped early."""
+        """All tasks' trials; None when complete, or why the run stopped early. Each task that
+        ends records why (``task_ends``), so the store says whether the run is complete."""
+        self.store.reopen_tasks()
         for t in tasks:
             self._at[t.game] = 0
         chains = [asyncio.ensure_future(self._chain(t)) for t in tasks]
         try:
             done = await asyncio.gather(*chains, return_exceptions=True)
+        except BaseException:  # interrupted (Ctrl-C, SIGTERM): every chain ends before the store
+            if self.engine.stopped is None:
+                self.engine.stopped = "interrupted"  # no trial is closed on the way out
+            for c in chains:
+                c.cancel()
+            if chains:
+                await asyncio.wait(chains)
+            raise
         finally:
             for c in chains:
                 c.cancel()
@@ -131,25 +141,28 @@ class TrialLoop:
         for trial in range(self.plan.trials):
             self._advance(task, trial)
             row = store.episode(episode_id(task.game, trial))
-            if row is not None and row.status == EpisodeStatus.DONE.value:
-                if row.won:
-                    self.on_task_done(task, True, trial)
-                    return
-            else:
+            if row is None or row.status != EpisodeStatus.DONE.value:
                 row = await self._play(task, trial, row)
-                if row.won:
-                    await self._judge(task, trial, row)
-                    self.on_task_done(task, True, trial)
-                    return
+            if row.won:
+                await self._judge(task, trial, row)  # at once, or after an interrupt
+                self._ended(task, True, trial, TaskEnd.SOLVED)
+                return
             stop = self._stop(task, trial, row)
             if stop is not None:
                 if stop == FailureClass.OSCILLATING.value:
                     await self._escalate(task)
-                self.on_task_done(task, False, trial)
+                    self._ended(task, False, trial, TaskEnd.OSCILLATING)
+                else:
+                    self._ended(task, False, trial, TaskEnd.TASK_BUDGET)
                 return
             await self._after_episode(task, trial, row)
         await self._escalate(task)
-        self.on_task_done(task, False, self.plan.trials - 1)
+        self._ended(task, False, self.plan.trials - 1, TaskEnd.TRIALS)
+
+    def _ended(self, task: Task, won: bool, trial: int, reason: TaskEnd) -> None:
+        """``task`` has no trial left: recorded as it happens (the run's completeness)."""
+        self.store.end_task(task.game, trial, reason.value)
+        self.on_task_done(task, won, trial)
 
     async def _play(
         self, task: Task, trial: int, row: EpisodeRow | None, escalate: Escalation | None = None
@@ -159,6 +172,8 @@ class TrialLoop:
         if row is not None and row.status == EpisodeStatus.ERROR.value:
             store.retry_episode(row.episode_id)  # the harness failed, not the agent
             row = store.episode(row.episode_id)
+        elif row is not None and row.status == EpisodeStatus.INTERRUPTED.value:
+            store.continue_episode(row.episode_id)
         if escalate is None:
             store.join_trial(trial, task.game)
         spec = self._resumed(row) if row is not None else self._new(task, trial, escalate)

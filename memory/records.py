@@ -22,7 +22,7 @@ class EpisodeStatus(StrEnum):
     RUNNING = "running"
     DONE = "done"  # finished normally (won or failed)
     ERROR = "error"  # the harness failed (backend/network/worker): not the agent's failure
-    INTERRUPTED = "interrupted"  # a worker died mid-episode; it is re-simulated or retried
+    INTERRUPTED = "interrupted"  # left in play when its run stopped (signal, budget); resumed
 
 
 class FailureClass(StrEnum):

@@ -146,8 +146,10 @@ def make_run(
                 store.finish_trial(k)
         if wall_s is not None:
             store.set_meta("wall_s", wall_s)
-        if complete:
-            store.set_meta("status", {"complete": True})
+        if complete:  # every task's trials are over: the store derives "complete"
+            for t in tasks:
+                won = [k for k in range(trials) if t.outcomes[min(k, len(t.outcomes) - 1)] == "won"]
+                store.end_task(t.game, won[0] if won else trials - 1, "solved" if won else "trials")
     finally:
         store.close()
     return run_dir

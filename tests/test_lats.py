@@ -114,7 +114,7 @@ def test_resume_rebuilds_the_tree_and_continues(generated_games: Path, tmp_path:
     store = RunStore(cut, readonly=True)
     partial = store.search_tree(episode.episode_id)
     assert partial is not None and len(partial.iterations) == 1 and partial.end is None
-    assert "token budget" in store.get_meta("status")["stopped"]
+    assert "token budget" in str(store.run_state().stopped)
     store.close()
     run(config(generated_games, tmp_path, "cut", **kw), resume=str(cut))
     store = RunStore(cut, readonly=True)

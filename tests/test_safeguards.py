@@ -58,6 +58,8 @@ def test_a_trial_that_repeats_an_earlier_one_stops_the_task(
     assert episodes[1].verdict is not None and "repeated trial 0" in episodes[1].verdict
     assert len(store.events("oscillation")) == 1
     assert summarize(store)["failure_classes"]["oscillating"] == 1
+    # given up by a rule: the run is complete with trials 2 and 3 unplayed
+    assert store.task_ends() == {episodes[0].game: "oscillating"} and store.run_state().complete
 
 
 def test_a_task_over_its_token_budget_is_not_retried(generated_games: Path, tmp_path: Path) -> None:
@@ -67,6 +69,7 @@ def test_a_task_over_its_token_budget_is_not_retried(generated_games: Path, tmp_
     assert store.reflections() == []  # no reflection for a trial that will not come
     (event,) = store.events("task_budget")
     assert "tokens >= 1" in event["detail"]
+    assert set(store.task_ends().values()) == {"task_budget"} and store.run_state().complete
 
 
 def test_epm_keeps_the_failed_trajectory_instead_of_a_reflection(

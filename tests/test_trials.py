@@ -139,13 +139,14 @@ def test_deadline_stops_cleanly_and_resume_finishes(generated_games, tmp_path):
         config(generated_games, tmp_path, model="scripted:expert", trials=1, deadline="0s")
     )
     store = RunStore(run_dir, readonly=True)
-    assert "deadline" in store.get_meta("status")["stopped"]
+    state = store.run_state()
+    assert state.status == "stopped" and "deadline" in str(state.stopped)
     assert store.episodes() == []
     store.close()
     run(config(generated_games, tmp_path, model="scripted:expert", trials=1), resume=str(run_dir))
     store = RunStore(run_dir, readonly=True)
     assert solved_by_trial(store) == {0: 6}
-    assert store.get_meta("status") == {"complete": True}
+    assert store.run_state().complete
 
 
 class Recorder(NoProgress):
@@ -162,7 +163,7 @@ def test_resume_with_more_trials_plays_only_the_new_ones(generated_games, tmp_pa
     run_dir = run(cfg)
     store = RunStore(run_dir, readonly=True)
     first = [(e.episode_id, e.finished_at) for e in store.episodes(0)]
-    assert solved_by_trial(store) == {0: 0} and store.get_meta("status") == {"complete": True}
+    assert solved_by_trial(store) == {0: 0} and store.run_state().complete
     store.close()
     recorder = Recorder()
     run(config(generated_games, tmp_path, trials=2), resume=str(run_dir), progress=recorder)

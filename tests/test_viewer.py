@@ -187,7 +187,7 @@ def test_works_on_a_run_that_is_still_being_written(tmp_path: Path) -> None:
         assert len(second["steps"]) == 6 and second["steps"][5]["observation"] == "Done."
         assert get_json(srv, "/api/run")["runs"][0]["episodes"][0]["steps"] == 6
         writer.finish_episode(eid, status="done", won=True)
-        writer.set_meta("status", {"complete": True})
+        writer.end_task(game, 0, "solved")
         index = get_json(srv, "/api/run")
         assert index["runs"][0]["episodes"][0]["won"] and index["runs"][0]["status"]["complete"]
         assert index["runs"][0]["summary"]["solved"] == 1

@@ -50,7 +50,7 @@ def run_index(
         "model": str(config.get("model", "")),
         "arm": str(config.get("agent") or (outcomes[0].arm if outcomes else "")),
         "evaluator": str(config.get("evaluator", "")),
-        "status": reader.get_meta("status"),
+        "status": reader.run_state().to_dict(),
         "summary": summary,
         "trials": [{"trial": t.trial, "tasks": list(t.tasks)} for t in reader.trial_rows()],
         "episodes": episodes,

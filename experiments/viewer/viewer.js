@@ -130,11 +130,11 @@
   // -- overview ----------------------------------------------------------------------------
   function runHeader(run) {
     const s = run.summary || {};
-    const status = run.status
-      ? run.status.complete
-        ? "complete"
-        : "stopped: " + (run.status.stopped || "")
-      : "in progress (or interrupted)";
+    const status = !run.status
+      ? "in progress (or interrupted)"
+      : run.status.stopped
+        ? "stopped: " + run.status.stopped
+        : run.status.status;
     return h(
       "div",
       { class: "run-header", testid: "run-header" },
@@ -700,7 +700,9 @@
       await renderCompare(r.run, r.game, r.trial);
     } else {
       renderOverview();
-      live = state.data.runs.some((run) => !run.status);
+      live = state.data.runs.some(
+        (run) => !run.status || ["running", "interrupted"].includes(run.status.status),
+      );
     }
     schedule(live);
   }
