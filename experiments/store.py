@@ -862,11 +862,26 @@ class RunReader:
         return {"prompt": row["p"], "completion": row["c"], "cached_prompt": row["k"]}
 
     def task_ends(self) -> dict[str, TaskEnd]:
-        """The tasks with no trial left, and why (empty in a store made before they were kept)."""
+        """The tasks with no trial left, and why. A store made before they were kept derives
+        them from its finished episodes: a won episode, or every planned trial played (its
+        oscillation stops and task budgets were not recorded, so such a task reads unfinished)."""
         if "task_ends" not in self._added:
-            return {}
+            return self._task_ends_of_episodes()
         rows = self._conn.execute("SELECT game, reason FROM task_ends").fetchall()
         return {r["game"]: _enum(TaskEnd, r["reason"], f"task {r['game']!r}") for r in rows}
+
+    def _task_ends_of_episodes(self) -> dict[str, TaskEnd]:
+        trials = ((self.get_meta("manifest") or {}).get("config") or {}).get("trials")
+        rows = self._conn.execute(
+            "SELECT game, MAX(won) won, COUNT(*) played FROM episodes WHERE status=? GROUP BY game",
+            (EpisodeStatus.DONE.value,),
+        ).fetchall()
+        ends = {r["game"]: TaskEnd.SOLVED for r in rows if r["won"]}
+        if isinstance(trials, int):
+            ends |= {
+                r["game"]: TaskEnd.TRIALS for r in rows if not r["won"] and r["played"] >= trials
+            }
+        return ends
 
     def run_state(self) -> RunState:
         """The run's status, derived: complete when every game of the manifest has a task end;

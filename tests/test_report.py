@@ -421,6 +421,8 @@ def test_committed_results_still_render(run_dir: Path, tmp_path: Path) -> None:
 
     with open_reader(copy) as reader:
         assert reader.schema_version == (1 if run_dir in COMMITTED_V1 else 2)
+        # made before task ends were kept: complete by its finished episodes, not a flag
+        assert reader.run_state().status == "complete"
         # the last episode with steps (a run stopped at its deadline may end with an empty one)
         episode = next(e for e in reversed(reader.outcomes()) if reader.steps(e.episode_id))
         detail = load_episode(reader, episode.episode_id)
