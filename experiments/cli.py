@@ -337,11 +337,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        return _stdout_closed()
     except Exception as exc:  # user-facing errors become one line; bugs keep their traceback
         if _is_user_error(exc):
             print(f"reflexsim: error: {exc}", file=sys.stderr)
             return USAGE_ERROR
         raise
+
+
+BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a reader that stopped reading
+
+
+def _stdout_closed() -> int:
+    """The reader of stdout went away (``reflexsim replay ... | head``): not an error of ours.
+    Python's documented way: point stdout at devnull so the flush at exit cannot raise again."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return BROKEN_PIPE
 
 
 def _is_user_error(exc: BaseException) -> bool:

@@ -12,7 +12,7 @@ import platform
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Protocol
@@ -24,7 +24,7 @@ from agents.llm import make_backend
 from agents.llm.base import Backend, GenerationConfig
 from agents.parsing import GroundingRules
 from agents.plan_execute import PlanExecuteAgent, PlanSettings
-from agents.prompting import template_hashes
+from agents.prompting import PromptFileError, load_original_prompts, template_hashes
 from agents.react import ActorSettings, ReActAgent
 from agents.reflexion import MEMORY_ARMS, ReflexionSettings
 from envs.aio import AsyncEnvPool
@@ -356,17 +356,41 @@ class Plan:
     actor: Backend
     reflector: Backend
     resumed: bool
+    extras: dict[str, Backend] = field(default_factory=dict)  # planner, escalate: own models
 
     def close(self) -> None:
-        self.actor.close()
-        if self.reflector is not self.actor:
-            self.reflector.close()
+        _close_all([self.actor, self.reflector, *self.extras.values()])
+
+
+def _close_all(backends: list[Backend]) -> None:
+    """Close each backend once (the actor often doubles as the reflector)."""
+    for backend in {id(b): b for b in backends}.values():
+        backend.close()
+
+
+def check_prompts_file(cfg: RunConfig, games: GameSet) -> None:
+    """The ``prompts`` file read whole, with a pair of examples for every task type the run
+    plays: a bad file is one line now, not a crash once the run is under way."""
+    if not cfg.protocol.prompts:
+        return
+    try:
+        load_original_prompts(cfg.protocol.prompts, sorted({t.task_type for t in games.tasks}))
+    except PromptFileError as exc:
+        raise ConfigError(f"--prompts: {exc}") from None
 
 
 def prepare(cfg: RunConfig, resume: str | None = None, force: bool = False) -> Plan:
     """Resolve a run: its games, run directory, backends and manifest (checked against the
-    recorded one when resuming). Nothing is played yet; :func:`execute` plays it."""
+    recorded one when resuming). Nothing is played yet; :func:`execute` plays it.
+
+    Every check of the config happens here, before the run directory is written: a refused run
+    leaves nothing behind that blocks the corrected command."""
+    if cfg.cluster.address:
+        from experiments.ray_session import import_ray
+
+        import_ray()  # --ray without the extra is a one-line error, here as anywhere
     games = select_games(cfg)
+    check_prompts_file(cfg, games)
     if resume:
         run_dir = Path(resume)
     elif cfg.execution.run_dir:
@@ -392,23 +416,25 @@ def prepare(cfg: RunConfig, resume: str | None = None, force: bool = False) -> P
             f"{str(run_dir)!r} already holds a run: use --resume {run_dir} or another --run-dir"
         )
     actor, reflector = make_backends(cfg)
+    try:
+        extras = _extra_backends(cfg)
+    except BaseException:
+        _close_all([actor, reflector])
+        raise
+    opened = [actor, reflector, *extras.values()]
     if cfg.models.action_decoding == "grounded":
         from agents.llm.common import check_grounding
 
         try:
             check_grounding(actor)  # a backend that cannot constrain: one line naming nearest
         except BaseException:
-            actor.close()
-            if reflector is not actor:
-                reflector.close()
+            _close_all(opened)
             raise
     manifest = build_manifest(cfg, games, actor, reflector, data_root(cfg))
     if old is not None:
         diffs = manifest_differences(old, manifest)
         if diffs and not force:
-            actor.close()
-            if reflector is not actor:
-                reflector.close()
+            _close_all(opened)
             raise RunStoreError(
                 f"the run in {str(run_dir)!r} was made with a different setup "
                 f"({'; '.join(diffs[:3])}): resume with the same config, or pass --force"
@@ -418,7 +444,7 @@ def prepare(cfg: RunConfig, resume: str | None = None, force: bool = False) -> P
             **old.get("config", {}),
             **{k: v for k, v in cfg.to_dict().items() if k in RESUMABLE_KEYS},
         }
-    return Plan(cfg, run_dir, games, manifest, actor, reflector, resumed=old is not None)
+    return Plan(cfg, run_dir, games, manifest, actor, reflector, old is not None, extras)
 
 
 def execute(plan: Plan, progress: Progress | None = None) -> Path:
@@ -474,10 +500,6 @@ async def _execute(plan: Plan, progress: Progress) -> Path:
 
         pool = ray_env_pool(cfg, spec, slots)
     else:
-        if cfg.cluster.address:
-            from experiments.ray_session import import_ray
-
-            import_ray()  # --ray without the extra is a one-line error, here as anywhere
         pool = EnvPool(
             spec, workers=cfg.execution.workers, slots=slots, timeout_s=cfg.execution.step_timeout_s
         )
@@ -488,7 +510,10 @@ async def _execute(plan: Plan, progress: Progress) -> Path:
         if plan.reflector is plan.actor
         else ModelClient(plan.reflector, max_in_flight=cfg.execution.concurrency)
     )
-    extra = _extra_clients(cfg)
+    extra = {
+        role: ModelClient(backend, max_in_flight=cfg.execution.concurrency)
+        for role, backend in plan.extras.items()
+    }
     engine = Engine(
         store,
         actor,
@@ -537,8 +562,7 @@ async def _execute(plan: Plan, progress: Progress) -> Path:
             if reflector is not actor:
                 reflector.close()
             for client in extra.values():
-                client.close()
-                client.backend.close()
+                client.close()  # its backend is the plan's, closed with it
             wall = store.get_meta("wall_s", 0.0) + (time.time() - started)
             store.set_meta("wall_s", wall)
             status = {"stopped": stopped} if stopped else {"complete": True}
@@ -607,19 +631,17 @@ def build_agent(cfg: RunConfig, log: SearchLog | None = None) -> Agent:
     return ReActAgent(actor)
 
 
-def _extra_clients(cfg: RunConfig) -> dict[str, ModelClient]:
-    """Clients of the planner and escalation models, when they are models of their own."""
-    out: dict[str, ModelClient] = {}
+def _extra_backends(cfg: RunConfig) -> dict[str, Backend]:
+    """The planner and escalation models, when they are models of their own (built with the
+    actor, so a bad spec or a missing API key is refused before the run directory is written)."""
+    out: dict[str, Backend] = {}
     specs = {"planner": cfg.planning.planner_model, "escalate": cfg.safeguards.escalate_model}
     try:
         for role, spec in specs.items():
             if spec and spec != cfg.models.model:
-                backend = make_backend(spec, **_backend_options(cfg))
-                out[role] = ModelClient(backend, max_in_flight=cfg.execution.concurrency)
+                out[role] = make_backend(spec, **_backend_options(cfg))
     except BaseException:
-        for client in out.values():
-            client.close()
-            client.backend.close()
+        _close_all(list(out.values()))
         raise
     return out
 
