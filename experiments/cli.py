@@ -322,8 +322,12 @@ def _console_logging() -> None:
     handler.addFilter(
         lambda r: r.levelno >= logging.WARNING or r.name in ("reflexsim.runner", "reflexsim.matrix")
     )
+    handler.set_name("reflexsim-console")  # one per logger, however often main() runs
     for name in ("reflexsim", "agents", "envs"):
-        logging.getLogger(name).addHandler(handler)
+        logger = logging.getLogger(name)
+        for old in [h for h in logger.handlers if h.get_name() == handler.get_name()]:
+            logger.removeHandler(old)
+        logger.addHandler(handler)
     logging.getLogger("reflexsim.runner").setLevel(logging.INFO)
 
 

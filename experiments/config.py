@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from agents.llm.specs import parse_spec
-from envs.alfgen import MAX_PER_TYPE
 from experiments.errors import ConfigError
 
 ARMS = (
@@ -58,8 +57,8 @@ def option(
     must be > 0); ``check`` parses the value the way the run will (a model spec, a deadline) and
     raises ``ValueError`` naming the fix. A float is never NaN or infinite (None means "no
     limit")."""
-    meta = {"help": help, "choices": choices, "minimum": minimum, "resumable": resumable}
-    meta.update(flag=flag, maximum=maximum, above=above, check=check)
+    meta: dict[str, Any] = {"help": help, "choices": choices, "resumable": resumable}
+    meta.update(flag=flag, minimum=minimum, maximum=maximum, above=above, check=check)
     if isinstance(default, dict | list | tuple):
         frozen = default
         return field(default_factory=lambda: type(frozen)(frozen), metadata=meta)
@@ -72,6 +71,12 @@ def _model_spec(value: str) -> None:
 
 def _deadline(value: str) -> None:
     parse_deadline(value, 0.0)
+
+
+def _per_type(value: int) -> None:
+    from envs.alfgen.generator import check_per_type  # lazily: envs imports gymnasium
+
+    check_per_type(value)
 
 
 @dataclass(frozen=True)
@@ -178,10 +183,7 @@ class GamesConfig:
     game_ids: tuple[str, ...] = option((), "a game id to play (repeatable)", flag="--game")
     task_types: tuple[str, ...] = option((), "only these: put clean heat cool examine puttwo")
     generate_per_type: int = option(
-        1,
-        "games per task type when generating the default game set",
-        minimum=1,
-        maximum=MAX_PER_TYPE,
+        1, "games per task type when generating the default game set", minimum=1, check=_per_type
     )
 
 

@@ -41,7 +41,9 @@ def _write(path: Path, content: str | bytes) -> Path:
 Case = tuple[str, Callable[[Path], list[str]], str]
 
 
-def _prompts(content: str | bytes | None, name: str = "prompts.json") -> Callable[[Path], list[str]]:
+def _prompts(
+    content: str | bytes | None, name: str = "prompts.json"
+) -> Callable[[Path], list[str]]:
     """``--prompts`` naming a file with ``content`` (None: no file; b"/": a folder)."""
 
     def flags(tmp: Path) -> list[str]:
@@ -80,9 +82,13 @@ RUN_CASES: list[Case] = [
     ("prompts-malformed", _prompts('{"react_put_0": '), "not valid JSON"),
     ("prompts-list", _prompts('["react_put_0"]'), "JSON array"),
     ("prompts-empty", _prompts("{}"), "no react_<type>_0/_1 pairs"),
-    ("prompts-wrong-types", _prompts(json.dumps({**GOOD_PROMPTS, "react_put_0": 7})), "not a string"),  # fmt: skip
+    ("prompts-wrong-types", _prompts(json.dumps({**GOOD_PROMPTS, "react_put_0": 7})), "string"),
     ("prompts-binary", _prompts(b"\x89PNG\r\n\x1a\n\x00\xff"), "not text"),
-    ("prompts-some-types", _prompts(json.dumps({"react_put_0": "a", "react_put_1": "b"})), "react_"),  # fmt: skip
+    (
+        "prompts-some-types",
+        _prompts(json.dumps({"react_put_0": "a", "react_put_1": "b"})),
+        "has no react_clean_0/_1",
+    ),
     # 6: refused runs that used to leave a store behind
     ("deadline-tomorrow", _flags("--deadline", "tomorrow"), "bad deadline"),
     ("deadline-empty", _flags("--deadline", ""), "bad deadline"),
@@ -111,9 +117,9 @@ RUN_CASES: list[Case] = [
     ("game-ids-mapping-yaml", _yaml("game_ids: {a: 1}\n"), "game_ids must be a list"),
     ("backend-options-list-yaml", _yaml("backend_options: [1, 2]\n"), "backend_options must be"),
     ("ray-off-unquoted-yaml", _yaml("ray: off\n"), "quote"),
-    ("trials-text-yaml", _yaml("trials: three\n"), "trials must be a whole number"),
+    ("max-steps-text-yaml", _yaml("max_steps: three\n"), "max_steps must be a whole number"),
     ("serve-port-70000", _flags("--serve-port", "70000"), "serve-port must be <= 65535"),
-    ("per-type-huge", _flags("--generate-per-type", "1000000000"), "generate-per-type"),
+    ("per-type-huge", _flags("--generate-per-type", "1000000000"), "10000"),
 ]
 
 
@@ -139,11 +145,13 @@ def _nothing_in(run_dir: Path) -> bool:
 
 @pytest.fixture
 def no_keys(monkeypatch: pytest.MonkeyPatch) -> None:
-    for var in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "OPENAI_BASE_URL"):
+    for var in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "OPENAI_BASE_URL", "ALFWORLD_DATA"):
         monkeypatch.delenv(var, raising=False)
 
 
-@pytest.mark.parametrize(("flags", "needle"), [c[1:] for c in RUN_CASES], ids=[c[0] for c in RUN_CASES])
+@pytest.mark.parametrize(
+    ("flags", "needle"), [c[1:] for c in RUN_CASES], ids=[c[0] for c in RUN_CASES]
+)
 def test_a_bad_run_is_one_line_exit_2_and_writes_nothing(
     flags, needle, generated_games, tmp_path, capsys, no_keys, monkeypatch
 ):
@@ -154,7 +162,7 @@ def test_a_bad_run_is_one_line_exit_2_and_writes_nothing(
         base = [a for a in _base(generated_games, run_dir) if a not in ("--run-dir", str(run_dir))]
     else:
         base = _base(generated_games, run_dir)
-    if needle == "react_":  # a file with put only, over games of every type
+    if needle.startswith("has no react_"):  # a file with put only, over games of every type
         base += ["--games", "6"]
     before = set(tmp_path.iterdir())
     code = main([*base, *args])
@@ -220,6 +228,9 @@ def test_other_commands_refuse_bad_input_in_one_line(a_run, generated_games, tmp
     garbage.mkdir(parents=True)
     (garbage / "game.tw-pddl").write_bytes(b"\x00\xffnot a game")
     (garbage / "traj_data.json").write_bytes(b"\x00\xffnot json")
+    odd = tmp_path / "odd" / "json_2.1.1" / "train" / game.parent.name / game.name
+    odd.mkdir(parents=True)  # JSON, but a number where the walkthrough list belongs
+    _write(odd / "game.tw-pddl", json.dumps({"pddl_problem": "(define)", "walkthrough": 3}))
     a_file = _write(tmp_path / "a-file", "x")
     cases = [
         (["export", str(a_run), "--out", str(a_file / "sub")], "pass a writable folder"),
@@ -227,6 +238,7 @@ def test_other_commands_refuse_bad_input_in_one_line(a_run, generated_games, tmp
         (["view", str(a_run), "--port", "-1"], "1-65535"),
         (["games", "generate", "--out", str(tmp_path / "g"), "--per-type", "1000000000"], "10000"),
         (["games", "stats", str(tmp_path / "garbage")], "not an ALFWorld game file"),
+        (["games", "stats", str(tmp_path / "odd")], "not an ALFWorld game file"),
     ]
     for args, needle in cases:
         code = main(args)

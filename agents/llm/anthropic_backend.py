@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from agents.llm.base import BackendError, Completion, Request, SpecError
+from agents.llm.base import Completion, Request, SpecError
 from agents.llm.common import (
     CONTINUE_INSTRUCTION,
     check_chat_format,

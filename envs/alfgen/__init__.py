@@ -17,11 +17,11 @@ rooms of ALFWorld's train split, never the four ALFRED rooms of its ``eval_out_o
 split (``UNSEEN_EVAL_SCENES``); games for that split use only those rooms.
 """
 
-from envs.alfgen.generator import MAX_PER_TYPE, GameFiles, GameMaker, generate
+from envs.alfgen.generator import GameFiles, GameMaker, generate
 from envs.alfgen.scenes import UNSEEN_EVAL_SCENES
 
 # Bumped whenever the same seed makes different games: caches of generated games are kept per
 # version (2: drawn from the train split's statistics).
 GENERATOR_VERSION = 2
 
-__all__ = ["GENERATOR_VERSION", "MAX_PER_TYPE", "UNSEEN_EVAL_SCENES", "GameFiles", "GameMaker", "generate"]
+__all__ = ["GENERATOR_VERSION", "UNSEEN_EVAL_SCENES", "GameFiles", "GameMaker", "generate"]

@@ -61,6 +61,15 @@ class GameFiles:
 MAX_PER_TYPE = 10_000
 
 
+def check_per_type(per_type: int) -> None:
+    """:class:`EnvError` for more games per task type than one call makes."""
+    if per_type > MAX_PER_TYPE:
+        raise EnvError(
+            f"{per_type} games per task type is over the limit of {MAX_PER_TYPE}: ask for "
+            f"{MAX_PER_TYPE} or fewer"
+        )
+
+
 def generate(
     out_dir: str | Path,
     per_type: int,
@@ -75,11 +84,7 @@ def generate(
     types = normalize_task_types(task_types)
     if isinstance(per_type, bool) or not isinstance(per_type, int) or per_type <= 0:
         raise EnvError(f"per_type must be a whole number > 0, got {per_type!r}")
-    if per_type > MAX_PER_TYPE:
-        raise EnvError(
-            f"per_type {per_type} is more than the {MAX_PER_TYPE} games per task type one call "
-            f"makes: generate at most {MAX_PER_TYPE} (into several --out folders for more)"
-        )
+    check_per_type(per_type)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise EnvError(f"seed must be a whole number >= 0, got {seed!r}")
     if split not in SPLITS:
