@@ -447,7 +447,6 @@ def run_matrix(
 
         import_ray()  # a missing extra is a one-line error before anything is written
         root = root.resolve()  # every node must find it at the same path
-    root.mkdir(parents=True, exist_ok=True)
     state["flags"] = {k: v for k, v in dict(flags).items() if k != "run_dir"}
     start = time.time()
     configs = [(job, job_config(preset, job, flags, root, start)) for job in preset.jobs]
@@ -458,7 +457,8 @@ def run_matrix(
                 f"{configs[0][1].gameset.split}: set $ALFWORLD_DATA or pass --data DIR "
                 "(generated games: reflexsim games generate --out DIR ...)"
             )
-    results: dict[str, dict[str, Any]] = state.setdefault("jobs", {})
+    root.mkdir(parents=True, exist_ok=True)  # every job's config checked first: a bad flag
+    results: dict[str, dict[str, Any]] = state.setdefault("jobs", {})  # leaves no folder
     _write_state(root, state)
     from experiments.serve import stop_server_on_signals
 

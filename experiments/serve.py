@@ -554,7 +554,7 @@ def run_served(
     progress: Any = None,
 ) -> Path:
     """``runner.run`` with the model served: starts (or reuses) the server, stops one it started."""
-    from experiments.runner import default_run_dir, run, select_games
+    from experiments.runner import check_prompts_file, default_run_dir, run, select_games
 
     check_serve(cfg)
     run_dir = (
@@ -568,7 +568,8 @@ def run_served(
         raise RunStoreError(
             f"{str(run_dir)!r} already holds a run: use --resume {run_dir} or another --run-dir"
         )
-    select_games(cfg)  # a bad game selection fails now, not after a long server start
+    # a bad game selection or prompts file fails now, not after a long server start
+    check_prompts_file(cfg, select_games(cfg))
     run_dir.mkdir(parents=True, exist_ok=True)
     if cfg.cluster.serve_replicas > 1 and server is None:
         with stop_server_on_signals():

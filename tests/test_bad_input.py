@@ -277,3 +277,10 @@ def test_no_float_key_takes_nan_or_infinity(name):
             from_mapping({name: value})
     default = getattr(getattr(RunConfig(), LEAVES[name][0]), name)
     assert default is None or math.isfinite(default)
+
+
+def test_a_bad_flag_on_a_matrix_preset_leaves_no_folder(tmp_path, capsys):
+    run_dir = tmp_path / "matrix"
+    code = main(["run", "--config", "arms-cpu", "--temperature", "nan", "--run-dir", str(run_dir)])
+    _one_error_line(code, capsys.readouterr().err, "finite")
+    assert not run_dir.exists()
