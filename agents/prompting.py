@@ -93,10 +93,14 @@ def _packaged_examples(name: str) -> dict[str, tuple[Example, ...]]:
     }
 
 
+class PromptFileError(ValueError):
+    """A ``--prompts`` file that cannot be used; the message names the file and the fix."""
+
+
 def example_texts(task_type: str, prompts_file: str | Path | None = None) -> tuple[str, str]:
     """The two example transcripts for a task type, from the package or an original prompt file."""
     if prompts_file is not None:
-        return load_original_prompts(prompts_file)[task_type]
+        return load_original_prompts(prompts_file, (task_type,))[task_type]
     family = "textworld" if task_type == "textworld" else "alfworld"
     examples = _packaged_examples(family).get(task_type)
     if not examples or len(examples) < 2:
@@ -104,26 +108,64 @@ def example_texts(task_type: str, prompts_file: str | Path | None = None) -> tup
     return examples[0].text(), examples[1].text()
 
 
-def load_original_prompts(path: str | Path) -> dict[str, tuple[str, str]]:
+_JSON_KINDS = {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
+
+
+def _json_kind(value: object) -> str:
+    return "null" if value is None else _JSON_KINDS.get(type(value), "object")
+
+
+_FORMAT = "a JSON object of react_<type>_0 and react_<type>_1 transcripts (strings)"
+
+
+def load_original_prompts(
+    path: str | Path, task_types: Sequence[str] = ()
+) -> dict[str, tuple[str, str]]:
     """Read the original ReAct prompt-file format: a JSON of ``react_<type>_<k>`` transcripts.
 
     Returns, per task type, the two transcripts in the order the original Reflexion code used
-    (``_1`` then ``_0``). The transcripts are used verbatim.
+    (``_1`` then ``_0``). The transcripts are used verbatim. A file that cannot be used (missing,
+    a folder, not text, not JSON, not an object, a transcript that is not a string, no pair for
+    one of ``task_types``) raises :class:`PromptFileError` naming the fix.
     """
+    where = f"prompt file {str(path)!r}"
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise ValueError(
-            f"cannot read prompt file {str(path)!r}: {exc.__class__.__name__}"
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PromptFileError(f"{where} does not exist: pass the path of {_FORMAT}") from None
+    except IsADirectoryError:
+        raise PromptFileError(f"{where} is a folder: pass the path of {_FORMAT}") from None
+    except UnicodeDecodeError:
+        raise PromptFileError(f"{where} is not text: pass {_FORMAT}") from None
+    except json.JSONDecodeError as exc:
+        raise PromptFileError(
+            f"{where} is not valid JSON ({exc.msg} at line {exc.lineno}): pass {_FORMAT}"
         ) from None
+    except OSError as exc:
+        raise PromptFileError(f"cannot read {where} ({exc.strerror or exc})") from None
+    if not isinstance(data, dict):
+        raise PromptFileError(f"{where} holds a JSON {_json_kind(data)}: it must be {_FORMAT}")
     found: dict[str, dict[int, str]] = {}
-    for key, value in data.items() if isinstance(data, dict) else ():
+    for key, value in data.items():
         m = re.fullmatch(r"react_(\w+?)_(\d+)", key)
-        if m and isinstance(value, str):
-            found.setdefault(m.group(1), {})[int(m.group(2))] = value.strip("\n")
+        if not m:
+            continue
+        if not isinstance(value, str):
+            raise PromptFileError(
+                f"{where}: {key} is a JSON {_json_kind(value)}, not a string: "
+                "each transcript is one string"
+            )
+        found.setdefault(m.group(1), {})[int(m.group(2))] = value.strip("\n")
     out = {k: (v[1], v[0]) for k, v in found.items() if 0 in v and 1 in v}
     if not out:
-        raise ValueError(f"prompt file {str(path)!r} has no react_<type>_0/_1 pairs")
+        raise PromptFileError(f"{where} has no react_<type>_0/_1 pairs: it must be {_FORMAT}")
+    missing = [t for t in task_types if t not in out]
+    if missing:
+        pairs = ", ".join(f"react_{t}_0/_1" for t in missing)
+        raise PromptFileError(
+            f"{where} has no {pairs} (the run plays {', '.join(missing)} games): add them, "
+            "or leave out --prompts for the packaged examples"
+        )
     return out
 
 

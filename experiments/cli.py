@@ -347,8 +347,12 @@ def _console_logging() -> None:
     handler.addFilter(
         lambda r: r.levelno >= logging.WARNING or r.name in ("reflexsim.runner", "reflexsim.matrix")
     )
+    handler.set_name("reflexsim-console")  # one per logger, however often main() runs
     for name in ("reflexsim", "agents", "envs"):
-        logging.getLogger(name).addHandler(handler)
+        logger = logging.getLogger(name)
+        for old in [h for h in logger.handlers if h.get_name() == handler.get_name()]:
+            logger.removeHandler(old)
+        logger.addHandler(handler)
     logging.getLogger("reflexsim.runner").setLevel(logging.INFO)
 
 
@@ -371,6 +375,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return code
+    except BrokenPipeError:
+        return _stdout_closed()
     except Exception as exc:  # user-facing errors become one line; bugs keep their traceback
         if _is_user_error(exc):
             print(f"reflexsim: error: {exc}", file=sys.stderr)
@@ -411,6 +417,19 @@ def _handle_sigterm(terminated: list[int]) -> Callable[[], None]:
         signal.signal(signal.SIGTERM, previous)
 
     return restore
+
+
+BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a reader that stopped reading
+
+
+def _stdout_closed() -> int:
+    """The reader of stdout went away (``reflexsim replay ... | head``): not an error of ours.
+    Python's documented way: point stdout at devnull so the flush at exit cannot raise again."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return BROKEN_PIPE
 
 
 def _is_user_error(exc: BaseException) -> bool:

@@ -17,13 +17,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import math
 import os
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agents.llm.specs import parse_spec
 from experiments.errors import ConfigError
 
 ARMS = (
@@ -43,16 +45,38 @@ def option(
     *,
     choices: tuple[str, ...] | None = None,
     minimum: float | None = None,
+    maximum: float | None = None,
+    above: float | None = None,
+    check: Callable[[Any], object] | None = None,
     resumable: bool = False,
     flag: str | None = None,
 ) -> Any:
-    """A config leaf: its default, its docstring (the ``--help`` text), and its rules."""
-    meta = {"help": help, "choices": choices, "minimum": minimum, "resumable": resumable}
-    meta["flag"] = flag
+    """A config leaf: its default, its docstring (the ``--help`` text), and its rules.
+
+    ``minimum``/``maximum`` bound a number (inclusive), ``above`` excludes its bound (``top_p``
+    must be > 0); ``check`` parses the value the way the run will (a model spec, a deadline) and
+    raises ``ValueError`` naming the fix. A float is never NaN or infinite (None means "no
+    limit")."""
+    meta: dict[str, Any] = {"help": help, "choices": choices, "resumable": resumable}
+    meta.update(flag=flag, minimum=minimum, maximum=maximum, above=above, check=check)
     if isinstance(default, dict | list | tuple):
         frozen = default
         return field(default_factory=lambda: type(frozen)(frozen), metadata=meta)
     return field(default=default, metadata=meta)
+
+
+def _model_spec(value: str) -> None:
+    parse_spec(value)  # a bad spec is refused here, before a run directory is touched
+
+
+def _deadline(value: str) -> None:
+    parse_deadline(value, 0.0)
+
+
+def _per_type(value: int) -> None:
+    from envs.alfgen.generator import check_per_type  # lazily: envs imports gymnasium
+
+    check_per_type(value)
 
 
 @dataclass(frozen=True)
@@ -63,6 +87,7 @@ class ModelConfig:
         "embedded",
         "model spec: embedded[:gemma3-270m|smollm2-135m], vllm:ID, openai:MODEL, "
         "anthropic:MODEL, hf:ID, llamacpp:PATH, scripted:expert|random|learner|replay:DIR",
+        check=_model_spec,
     )
     base_url: str | None = option(
         None,
@@ -70,7 +95,7 @@ class ModelConfig:
         "shard the games across servers",
     )
     reflect_model: str | None = option(
-        None, "model spec for self-reflection (default: the actor's)"
+        None, "model spec for self-reflection (default: the actor's)", check=_model_spec
     )
     chat_format: str | None = option(None, "how chat backends receive completion prompts")
     backend_options: dict[str, Any] = option(
@@ -89,7 +114,7 @@ class ModelConfig:
         choices=("free", "grounded", "nearest"),
     )
     temperature: float = option(0.0, "actor sampling temperature", minimum=0.0)
-    top_p: float = option(1.0, "actor nucleus sampling", minimum=0.0)
+    top_p: float = option(1.0, "actor nucleus sampling", above=0.0, maximum=1.0)
     max_tokens: int = option(100, "actor tokens per step at most", minimum=1)
     reflect_max_tokens: int = option(256, "tokens per reflection at most", minimum=1)
 
@@ -160,7 +185,7 @@ class GamesConfig:
     game_ids: tuple[str, ...] = option((), "a game id to play (repeatable)", flag="--game")
     task_types: tuple[str, ...] = option((), "only these: put clean heat cool examine puttwo")
     generate_per_type: int = option(
-        1, "games per task type when generating the default game set", minimum=1
+        1, "games per task type when generating the default game set", minimum=1, check=_per_type
     )
 
 
@@ -193,7 +218,10 @@ class BudgetConfig:
     )
     budget_usd: float | None = option(None, "stop after this cost", minimum=0.0, resumable=True)
     deadline: str | None = option(
-        None, "stop after this wall time (8h, 90m, 3600s) or at an ISO time", resumable=True
+        None,
+        "stop after this wall time (8h, 90m, 3600s) or at an ISO time",
+        check=_deadline,
+        resumable=True,
     )
 
 
@@ -209,7 +237,9 @@ class ServeConfig:
         "server command template with {model} {host} {port} {python} "
         "(default: vllm serve {model} --host {host} --port {port})",
     )
-    serve_port: int = option(8000, "port of the served model on 127.0.0.1", minimum=1)
+    serve_port: int = option(
+        8000, "port of the served model on 127.0.0.1", minimum=1, maximum=65535
+    )
     serve_timeout_s: float = option(
         1800.0, "seconds to wait for the server to become healthy (a first start downloads)",
         minimum=1.0,
@@ -295,7 +325,7 @@ class PlanningConfig:
     """Plan-and-Execute (agents plan, plan+reflexion): plan, execute with ReAct, replan."""
 
     planner_model: str | None = option(
-        None, "model spec of the planner and replanner (default: the actor's)"
+        None, "model spec of the planner and replanner (default: the actor's)", check=_model_spec
     )
     max_replans: int = option(2, "replans per episode at most", minimum=0)
     replan_after_nothing: int = option(
@@ -366,6 +396,7 @@ class SafeguardConfig:
         None,
         "model spec that re-runs each task still unsolved after the last trial, once "
         "(reported apart from the trials)",
+        check=_model_spec,
     )
 
 
@@ -445,33 +476,79 @@ def _coerce(name: str, value: Any, source: str) -> Any:
     if value is None:
         return None
     try:
-        if kind is bool and not isinstance(value, bool):
-            raise TypeError
-        if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-            if isinstance(value, float) and value.is_integer():
-                value = int(value)
-            else:
-                raise TypeError
-        if kind is float and not isinstance(value, bool):
-            value = float(value)
-        if kind is str:
-            value = str(value)
-        if kind is tuple:
-            value = (value,) if isinstance(value, str) else tuple(str(v) for v in value)
-        if kind is dict:
-            value = dict(value)
+        value = _typed(kind, value)
     except (TypeError, ValueError):
-        raise ConfigError(
-            f"{source}: {name} must be {getattr(kind, '__name__', kind)}, got {value!r}"
-        ) from None
-    meta = f.metadata
+        raise ConfigError(f"{source}: {name} must be {_KIND_WORDS[kind]}, got {value!r}") from None
+    meta, flag = f.metadata, name.replace("_", "-")
     if meta["choices"] and value not in meta["choices"]:
         raise ConfigError(
             f"{source}: unknown {name} {value!r}: use one of {', '.join(meta['choices'])}"
         )
-    if meta["minimum"] is not None and isinstance(value, int | float) and value < meta["minimum"]:
-        low = meta["minimum"]
-        raise ConfigError(f"{source}: {name.replace('_', '-')} must be >= {low:g}, got {value}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(
+            f"{source}: {flag} must be a finite number, got {value}: give a number, or leave it "
+            "out for the default"
+        )
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        low, high, above = meta["minimum"], meta["maximum"], meta["above"]
+        if low is not None and value < low:
+            raise ConfigError(f"{source}: {flag} must be >= {low:g}, got {value}")
+        if above is not None and value <= above:
+            raise ConfigError(f"{source}: {flag} must be > {above:g}, got {value}")
+        if high is not None and value > high:
+            raise ConfigError(f"{source}: {flag} must be <= {high:g}, got {value}")
+    if meta["check"] is not None:
+        try:
+            meta["check"](value)
+        except ValueError as exc:
+            raise ConfigError(f"{source}: {flag}: {exc}") from None
+    return value
+
+
+_KIND_WORDS: dict[Any, str] = {
+    bool: "true or false",
+    int: "a whole number",
+    float: "a number",
+    str: "text (one value; in YAML quote words like 'off' or 'no')",
+    tuple: "a list of names",
+    dict: "a mapping of KEY: VALUE",
+}
+
+
+def _typed(kind: Any, value: Any) -> Any:
+    """``value`` as a leaf of type ``kind``; TypeError/ValueError when it is not one (a YAML list
+    where one name belongs, a mapping where a list does, a bool where a number does)."""
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise TypeError
+        return value
+    if isinstance(value, bool) and kind is not str:
+        raise TypeError
+    if kind is int:
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if not isinstance(value, int):
+            raise TypeError
+        return value
+    if kind is float:
+        if not isinstance(value, int | float | str):
+            raise TypeError
+        return float(value)
+    if kind is str:
+        if not isinstance(value, str | int | float) or isinstance(value, bool):
+            raise TypeError  # YAML's `off`/`no` read as false: quote them
+        return str(value)
+    if kind is tuple:
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list | tuple) or not all(
+            isinstance(v, str | int) and not isinstance(v, bool) for v in items
+        ):
+            raise TypeError
+        return tuple(str(v) for v in items)
+    if kind is dict:
+        if not isinstance(value, Mapping):
+            raise TypeError
+        return dict(value)
     return value
 
 
@@ -511,6 +588,10 @@ def load_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
         data = yaml.safe_load(Path(path).read_text())
     except FileNotFoundError:
         raise ConfigError(f"config file {str(path)!r} does not exist") from None
+    except UnicodeDecodeError:
+        raise ConfigError(
+            f"config file {str(path)!r} is not text: pass a YAML file of config keys"
+        ) from None
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(
             f"config file {str(path)!r} is not valid YAML: {str(exc).splitlines()[0]}"
@@ -592,10 +673,24 @@ def resolve(args: argparse.Namespace, base: Mapping[str, Any] | None = None) -> 
     """Merge: defaults < base (e.g. a resumed manifest) < YAML file < flags given."""
     values: dict[str, Any] = flatten(dict(base or {}), "resumed run")
     source = getattr(args, "config", None) or "flags"
+    given: dict[str, Any] = {}
     if getattr(args, "config", None):
-        values.update(flatten(load_yaml(args.config), str(args.config)))
-    values.update(flag_values(args))
-    return from_mapping(values, source=source)
+        given.update(flatten(load_yaml(args.config), str(args.config)))
+    given.update(flag_values(args))
+    resume = getattr(args, "resume", None)
+    if resume and given.get("run_dir") is not None and not _same_dir(given["run_dir"], resume):
+        raise ConfigError(
+            f"--resume {resume} continues the run in {resume}, not in run-dir "
+            f"{given['run_dir']}: drop --run-dir (or give the same folder)"
+        )
+    return from_mapping({**values, **given}, source=source)
+
+
+def _same_dir(a: Any, b: Any) -> bool:
+    try:
+        return Path(str(a)).resolve() == Path(str(b)).resolve()
+    except (OSError, RuntimeError):
+        return str(a) == str(b)
 
 
 def parse_deadline(value: str | None, start: float) -> float | None:
@@ -605,11 +700,15 @@ def parse_deadline(value: str | None, start: float) -> float | None:
     text = value.strip().lower()
     units = {"h": 3600.0, "m": 60.0, "s": 1.0}
     try:
-        if text[-1:] in units:
-            return start + float(text[:-1]) * units[text[-1]]
-        return start + float(text)
+        seconds = float(text[:-1]) * units[text[-1]] if text[-1:] in units else float(text)
     except ValueError:
         pass
+    else:
+        if not math.isfinite(seconds) or seconds < 0:
+            raise ConfigError(
+                f"bad deadline {value!r}: a wall time is a finite number >= 0 (8h, 90m, 3600s)"
+            )
+        return start + seconds
     from datetime import datetime
 
     try:

@@ -9,6 +9,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from experiments.errors import ConfigError
 from experiments.store import open_reader
 
 
@@ -23,7 +24,10 @@ def export(run_dir: Path, fmt: str, out_dir: Path | None = None) -> list[Path]:
         raise ValueError(f"unknown export format {fmt!r}: use jsonl or csv")
     with open_reader(run_dir) as reader:
         out = out_dir or run_dir / "export"
-        out.mkdir(parents=True, exist_ok=True)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise _unwritable(out, exc) from None
         episodes = []
         steps = []
         all_steps = reader.all_steps()
@@ -37,15 +41,29 @@ def export(run_dir: Path, fmt: str, out_dir: Path | None = None) -> list[Path]:
                     | _plain(s.to_dict())
                 )
     paths = [out / f"episodes.{fmt}", out / f"steps.{fmt}"]
-    for path, rows in zip(paths, (episodes, steps), strict=True):
-        if fmt == "jsonl":
-            with path.open("w") as f:
-                for r in rows:
-                    f.write(json.dumps(r, ensure_ascii=False) + "\n")
-        else:
-            fields = list(rows[0]) if rows else []
-            with path.open("w", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=fields)
-                writer.writeheader()
-                writer.writerows(rows)
+    try:
+        for path, rows in zip(paths, (episodes, steps), strict=True):
+            _write(path, fmt, rows)
+    except OSError as exc:
+        raise _unwritable(out, exc) from None
     return paths
+
+
+def _unwritable(out: Path, exc: OSError) -> ConfigError:
+    return ConfigError(
+        f"cannot write the export to {str(out)!r} ({exc.strerror or exc}): "
+        "pass a writable folder as --out"
+    )
+
+
+def _write(path: Path, fmt: str, rows: list[dict[str, Any]]) -> None:
+    if fmt == "jsonl":
+        with path.open("w") as f:
+            for r in rows:
+                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    else:
+        fields = list(rows[0]) if rows else []
+        with path.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=fields)
+            writer.writeheader()
+            writer.writerows(rows)

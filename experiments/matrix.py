@@ -485,7 +485,6 @@ def _run_matrix(
 
         import_ray()  # a missing extra is a one-line error before anything is written
         root = root.resolve()  # every node must find it at the same path
-    lock.acquire(what="a preset run")  # before anything is written (it makes the directory)
     state["flags"] = {k: v for k, v in dict(flags).items() if k != "run_dir"}
     start = time.time()
     configs = [(job, job_config(preset, job, flags, root, start)) for job in preset.jobs]
@@ -496,6 +495,9 @@ def _run_matrix(
                 f"{configs[0][1].gameset.split}: set $ALFWORLD_DATA or pass --data DIR "
                 "(generated games: reflexsim games generate --out DIR ...)"
             )
+    # every job's config checked first (a bad flag leaves no folder); the lock makes the folder
+    # and comes before anything is written into it
+    lock.acquire(what="a preset run")
     results: dict[str, dict[str, Any]] = state.setdefault("jobs", {})
     _write_state(root, state)
     from experiments.serve import stop_server_on_signals

@@ -13,7 +13,7 @@ import platform
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Protocol
@@ -25,7 +25,7 @@ from agents.llm import make_backend
 from agents.llm.base import Backend, GenerationConfig
 from agents.parsing import GroundingRules
 from agents.plan_execute import PlanExecuteAgent, PlanSettings
-from agents.prompting import template_hashes
+from agents.prompting import PromptFileError, load_original_prompts, template_hashes
 from agents.react import ActorSettings, ReActAgent
 from agents.reflexion import MEMORY_ARMS, ReflexionSettings
 from envs.aio import AsyncEnvPool
@@ -359,15 +359,31 @@ class Plan:
     reflector: Backend
     resumed: bool
     lock: DirLock | None = None  # the run directory's, held until close (None: the caller's)
+    extras: dict[str, Backend] = field(default_factory=dict)  # planner, escalate: own models
 
     def close(self) -> None:
         try:
-            self.actor.close()
-            if self.reflector is not self.actor:
-                self.reflector.close()
+            _close_all([self.actor, self.reflector, *self.extras.values()])
         finally:
             if self.lock is not None:
                 self.lock.release()
+
+
+def _close_all(backends: list[Backend]) -> None:
+    """Close each backend once (the actor often doubles as the reflector)."""
+    for backend in {id(b): b for b in backends}.values():
+        backend.close()
+
+
+def check_prompts_file(cfg: RunConfig, games: GameSet) -> None:
+    """The ``prompts`` file read whole, with a pair of examples for every task type the run
+    plays: a bad file is one line now, not a crash once the run is under way."""
+    if not cfg.protocol.prompts:
+        return
+    try:
+        load_original_prompts(cfg.protocol.prompts, sorted({t.task_type for t in games.tasks}))
+    except PromptFileError as exc:
+        raise ConfigError(f"--prompts: {exc}") from None
 
 
 def run_lock(run_dir: Path) -> DirLock:
@@ -388,10 +404,16 @@ def prepare(
     """Resolve a run: its games, run directory, backends and manifest (checked against the
     recorded one when resuming). Nothing is played yet; :func:`execute` plays it.
 
-    The run directory's lock (one writer per directory) is taken before anything is written
-    into it and held by the plan until :func:`execute` ends; ``lock``: one the caller already
-    holds (and releases)."""
+    Every check of the config happens here, before the run directory is written: a refused run
+    leaves nothing behind that blocks the corrected command. The run directory's lock (one
+    writer per directory) is taken before anything is written into it and held by the plan
+    until :func:`execute` ends; ``lock``: one the caller already holds (and releases)."""
+    if cfg.cluster.address:
+        from experiments.ray_session import import_ray
+
+        import_ray()  # --ray without the extra is a one-line error, here as anywhere
     games = select_games(cfg)
+    check_prompts_file(cfg, games)
     if resume:
         run_dir = Path(resume)
     elif cfg.execution.run_dir:
@@ -439,6 +461,11 @@ def _prepare(
         _refuse_existing(run_dir)
     actor, reflector = make_backends(cfg)
     try:
+        extras = _extra_backends(cfg)
+    except BaseException:
+        _close_all([actor, reflector])
+        raise
+    try:
         if cfg.models.action_decoding == "grounded":
             from agents.llm.common import check_grounding
 
@@ -460,11 +487,9 @@ def _prepare(
             lock.acquire(what="a run")  # the last check: nothing was written before it
             _refuse_existing(run_dir)  # another run may have begun here meanwhile
     except BaseException:
-        actor.close()
-        if reflector is not actor:
-            reflector.close()
+        _close_all([actor, reflector, *extras.values()])
         raise
-    return Plan(cfg, run_dir, games, manifest, actor, reflector, old is not None, own)
+    return Plan(cfg, run_dir, games, manifest, actor, reflector, old is not None, own, extras)
 
 
 def _refuse_existing(run_dir: Path) -> None:
@@ -527,10 +552,6 @@ async def _execute(plan: Plan, progress: Progress) -> Path:
 
         pool = ray_env_pool(cfg, spec, slots)
     else:
-        if cfg.cluster.address:
-            from experiments.ray_session import import_ray
-
-            import_ray()  # --ray without the extra is a one-line error, here as anywhere
         pool = EnvPool(
             spec, workers=cfg.execution.workers, slots=slots, timeout_s=cfg.execution.step_timeout_s
         )
@@ -541,7 +562,10 @@ async def _execute(plan: Plan, progress: Progress) -> Path:
         if plan.reflector is plan.actor
         else ModelClient(plan.reflector, max_in_flight=cfg.execution.concurrency)
     )
-    extra = _extra_clients(cfg)
+    extra = {
+        role: ModelClient(backend, max_in_flight=cfg.execution.concurrency)
+        for role, backend in plan.extras.items()
+    }
     engine = Engine(
         store,
         actor,
@@ -600,8 +624,7 @@ async def _execute(plan: Plan, progress: Progress) -> Path:
             if reflector is not actor:
                 reflector.close()
             for client in extra.values():
-                client.close()
-                client.backend.close()
+                client.close()  # its backend is the plan's, closed with it
             wall = store.get_meta("wall_s", 0.0) + (time.time() - started)
             store.set_meta("wall_s", wall)
             if ended["how"] != "finished":
@@ -674,19 +697,17 @@ def build_agent(cfg: RunConfig, log: SearchLog | None = None) -> Agent:
     return ReActAgent(actor)
 
 
-def _extra_clients(cfg: RunConfig) -> dict[str, ModelClient]:
-    """Clients of the planner and escalation models, when they are models of their own."""
-    out: dict[str, ModelClient] = {}
+def _extra_backends(cfg: RunConfig) -> dict[str, Backend]:
+    """The planner and escalation models, when they are models of their own (built with the
+    actor, so a bad spec or a missing API key is refused before the run directory is written)."""
+    out: dict[str, Backend] = {}
     specs = {"planner": cfg.planning.planner_model, "escalate": cfg.safeguards.escalate_model}
     try:
         for role, spec in specs.items():
             if spec and spec != cfg.models.model:
-                backend = make_backend(spec, **_backend_options(cfg))
-                out[role] = ModelClient(backend, max_in_flight=cfg.execution.concurrency)
+                out[role] = make_backend(spec, **_backend_options(cfg))
     except BaseException:
-        for client in out.values():
-            client.close()
-            client.backend.close()
+        _close_all(list(out.values()))
         raise
     return out
 

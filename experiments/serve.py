@@ -556,7 +556,14 @@ def run_served(
 ) -> Path:
     """``runner.run`` with the model served: starts (or reuses) the server, stops one it started.
     The run directory's lock is taken before the server starts and held until the end."""
-    from experiments.runner import default_run_dir, refuse_live_run, run, run_lock, select_games
+    from experiments.runner import (
+        check_prompts_file,
+        default_run_dir,
+        refuse_live_run,
+        run,
+        run_lock,
+        select_games,
+    )
 
     check_serve(cfg)
     run_dir = (
@@ -571,7 +578,8 @@ def run_served(
         raise RunStoreError(
             f"{str(run_dir)!r} already holds a run: use --resume {run_dir} or another --run-dir"
         )
-    select_games(cfg)  # a bad game selection fails now, not after a long server start
+    # a bad game selection or prompts file fails now, not after a long server start
+    check_prompts_file(cfg, select_games(cfg))
     lock = run_lock(run_dir).acquire(what="a run")  # it makes the directory
     try:
         if cfg.cluster.serve_replicas > 1 and server is None:

@@ -71,14 +71,12 @@ def test_option_values_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_hosted_api_without_key_says_which_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    from agents.llm import BackendError
-
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
-    with pytest.raises(BackendError, match="set the OPENAI_API_KEY environment variable"):
+    with pytest.raises(SpecError, match="set the OPENAI_API_KEY environment variable"):
         make_backend("openai:gpt-4o")
-    with pytest.raises(BackendError, match="ANTHROPIC_API_KEY"):
+    with pytest.raises(SpecError, match="ANTHROPIC_API_KEY"):
         make_backend("anthropic:claude-haiku-4-5")
 
 

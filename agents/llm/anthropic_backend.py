@@ -127,7 +127,7 @@ class AnthropicBackend:
         self.api_key_env = api_key_env
         key = os.environ.get(api_key_env)
         if not key:
-            raise BackendError(f"{self.name}: set the {api_key_env} environment variable")
+            raise SpecError(f"{self.name}: set the {api_key_env} environment variable")
         self._scrub = key_scrubber(key)  # the key lives only in this closure and the SDK client
         anthropic = require("anthropic", "anthropic", "anthropic")
         from agents.llm.deadline import RequestGuard

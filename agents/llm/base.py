@@ -178,4 +178,5 @@ class MissingDependencyError(ImportError):
 
 
 class SpecError(ValueError):
-    """A model spec string that names no backend."""
+    """A model spec that cannot be used as given: it names no backend, takes a bad option, or
+    its backend lacks what it needs to start (an API key variable); the message names the fix."""

@@ -171,7 +171,7 @@ class OpenAIBackend:
         key = os.environ.get(api_key_env)
         if not key:
             if base_url is None:
-                raise BackendError(
+                raise SpecError(
                     f"{self.name}: set the {api_key_env} environment variable "
                     "(or pass base_url= for a local OpenAI-compatible server)"
                 )

@@ -57,6 +57,19 @@ class GameFiles:
     attempt: int
 
 
+# games per task type one call makes at most (a typo's 10**9 would write for days, unbounded)
+MAX_PER_TYPE = 10_000
+
+
+def check_per_type(per_type: int) -> None:
+    """:class:`EnvError` for more games per task type than one call makes."""
+    if per_type > MAX_PER_TYPE:
+        raise EnvError(
+            f"{per_type} games per task type is over the limit of {MAX_PER_TYPE}: ask for "
+            f"{MAX_PER_TYPE} or fewer"
+        )
+
+
 def generate(
     out_dir: str | Path,
     per_type: int,
@@ -71,6 +84,7 @@ def generate(
     types = normalize_task_types(task_types)
     if isinstance(per_type, bool) or not isinstance(per_type, int) or per_type <= 0:
         raise EnvError(f"per_type must be a whole number > 0, got {per_type!r}")
+    check_per_type(per_type)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise EnvError(f"seed must be a whole number >= 0, got {seed!r}")
     if split not in SPLITS:

@@ -105,6 +105,8 @@ def read_game(game_file: Path, root: Path) -> GameFacts:
         data = json.loads(game_file.read_text())
         problem = data["pddl_problem"]
         walkthrough = data.get("walkthrough") or ()
+        if not isinstance(problem, str) or not isinstance(walkthrough, list | tuple):
+            raise TypeError("pddl_problem must be text and walkthrough a list")
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise EnvError(
             f"{str(game_file)!r} is not an ALFWorld game file ({exc.__class__.__name__})"

@@ -207,6 +207,8 @@ def _allowed_hosts(host: str, port: int) -> frozenset[str] | None:
 
 def serve(run_dir: Path, host: str = "127.0.0.1", port: int = 0) -> ViewerServer:
     """Serve the replay viewer of ``run_dir`` in a background thread (``port=0``: any free port)."""
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"--port {port} is not a port: use 1-65535 (0 = any free)")
     run_dir = Path(run_dir)
     open_reader(run_dir).close()  # a clear error now rather than on the first request
     handler: type[_Handler] = type(
