@@ -453,7 +453,8 @@ def test_sigint_during_a_hung_request_exits_at_once_and_resume_finishes(
     assert "interrupted" in err and "Traceback" not in err, err
     assert elapsed < 15, elapsed
     store = RunStore(run_dir, readonly=True)
-    assert [e.status for e in store.episodes()] == ["running"]
+    assert [e.status for e in store.episodes()] == ["interrupted"]  # kept for the resume
+    assert store.run_state().status == "interrupted"
     store.close()
     with FaultServer(FaultPlan(), answer=lambda prompt: " look", port=port) as server:
         r = subprocess.run(
