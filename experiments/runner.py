@@ -32,6 +32,7 @@ from experiments.config import RESUMABLE_KEYS, RunConfig, data_root, parse_deadl
 from experiments.engine import Engine, ModelClient, Usage
 from experiments.errors import ConfigError, RunStoreError
 from experiments.store import RunStore
+from experiments.terminal import EscapingFormatter, QuietFileHandler
 from experiments.trials import Escalation, Safeguards, Task, TrialLoop, TrialPlan
 
 log = logging.getLogger("reflexsim.runner")
@@ -184,7 +185,7 @@ def build_manifest(
         return fn() if callable(fn) else {"name": b.name}
 
     return {
-        "config": cfg.to_dict(),
+        "config": cfg.to_dict(public=True),
         "data_root": data,
         "versions": _versions(),
         "git_commit": _git_commit(),
@@ -323,9 +324,9 @@ class _RunLog:
     (batch sizes, retries, crashes: what the morning reader needs); the console is left alone."""
 
     def __init__(self, run_dir: Path) -> None:
-        self.handler = logging.FileHandler(run_dir / "run.log")
+        self.handler = QuietFileHandler(run_dir / "run.log")
         self.handler.setFormatter(
-            logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+            EscapingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
         )
         self.handler.setLevel(logging.INFO)
         self.saved: list[tuple[logging.Logger, int]] = []
@@ -416,7 +417,7 @@ def prepare(cfg: RunConfig, resume: str | None = None, force: bool = False) -> P
         manifest = {**old, "resumed_at": time.time(), "resume_differences": diffs}
         manifest["config"] = {
             **old.get("config", {}),
-            **{k: v for k, v in cfg.to_dict().items() if k in RESUMABLE_KEYS},
+            **{k: v for k, v in cfg.to_dict(public=True).items() if k in RESUMABLE_KEYS},
         }
     return Plan(cfg, run_dir, games, manifest, actor, reflector, resumed=old is not None)
 
@@ -446,7 +447,7 @@ async def _execute(plan: Plan, progress: Progress) -> Path:
             ),
         )
     store.set_meta("manifest", plan.manifest)
-    (run_dir / "config.yaml").write_text(_yaml(cfg.to_tree()))
+    (run_dir / "config.yaml").write_text(_yaml(cfg.to_tree(public=True)))
     progress.begin(
         {
             "run_dir": str(run_dir),
@@ -459,7 +460,7 @@ async def _execute(plan: Plan, progress: Progress) -> Path:
             "concurrency": cfg.execution.concurrency,
             "workers": cfg.execution.workers,
             "config_file": str(run_dir / "config.yaml"),
-            "config": cfg.to_tree(),
+            "config": cfg.to_tree(public=True),
         }
     )
     agent = build_agent(cfg, store)
@@ -693,5 +694,5 @@ def estimated_plan(cfg: RunConfig, n: int, **games: Any) -> dict[str, Any]:
             if cfg.evaluation.evaluator == "llm"
             else 0,
         },
-        "config": cfg.to_dict(),
+        "config": cfg.to_dict(public=True),
     }
