@@ -345,9 +345,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if _is_user_error(exc):
             from experiments.terminal import escape_controls
 
-            print(f"reflexsim: error: {escape_controls(str(exc))}", file=sys.stderr)
+            message = escape_controls(str(exc))
+            if _disk_full(exc):
+                message = f"the disk is full ({message}): free space, then run it again"
+            print(f"reflexsim: error: {message}", file=sys.stderr)
             return USAGE_ERROR
         raise
+
+
+def _disk_full(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def _is_user_error(exc: BaseException) -> bool:
@@ -355,8 +362,8 @@ def _is_user_error(exc: BaseException) -> bool:
     from envs.errors import EnvError
     from experiments.errors import ConfigError, RunStoreError
 
-    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return True  # a full disk (a report, config.yaml): the message names the file
+    if _disk_full(exc):
+        return True  # writing a report, config.yaml, an export (the store says so itself)
     return isinstance(
         exc, EnvError | ConfigError | RunStoreError | SpecError | MissingDependencyError
     )

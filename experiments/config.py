@@ -422,11 +422,7 @@ def _public(value: Any) -> Any:
 
         return ",".join(str(safe_url(u.strip())) for u in value.split(","))
     if isinstance(value, Mapping):
-        return {
-            k: _public(v)
-            for k, v in value.items()
-            if not _SECRET_NAME.search(str(k))
-        }
+        return {k: _public(v) for k, v in value.items() if not _SECRET_NAME.search(str(k))}
     if isinstance(value, list | tuple):
         return [_public(v) for v in value]
     return value
