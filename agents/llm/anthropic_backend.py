@@ -47,6 +47,7 @@ from agents.llm.common import (
     require,
     safe_url,
     truncate_at_stop,
+    url_secrets,
 )
 from agents.llm.retry import (
     MalformedResponse,
@@ -126,7 +127,8 @@ class AnthropicBackend:
         key = os.environ.get(api_key_env)
         if not key:
             raise BackendError(f"{self.name}: set the {api_key_env} environment variable")
-        self._scrub = key_scrubber(key)  # the key lives only in this closure and the SDK client
+        # the key lives only in this closure and the SDK client (and the URL's secrets)
+        self._scrub = key_scrubber(key, *url_secrets(base_url))
         anthropic = require("anthropic", "anthropic", "anthropic")
         self._client = anthropic.Anthropic(
             api_key=key, base_url=base_url, max_retries=0, timeout=self.timeout

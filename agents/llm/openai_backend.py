@@ -61,6 +61,7 @@ from agents.llm.common import (
     prompt_as_messages,
     safe_url,
     truncate_at_stop,
+    url_secrets,
 )
 from agents.llm.retry import (
     MalformedResponse,
@@ -165,7 +166,8 @@ class OpenAIBackend:
                     "(or pass base_url= for a local OpenAI-compatible server)"
                 )
             key = DUMMY_KEY
-        self._scrub = key_scrubber(key)  # the key lives only in this closure and the SDK client
+        # the key lives only in this closure and the SDK client (and the URL's secrets)
+        self._scrub = key_scrubber(key, *url_secrets(base_url))
         openai = _import_openai()
         self._client = openai.OpenAI(
             api_key=key, base_url=base_url, max_retries=0, timeout=self.timeout
