@@ -467,9 +467,9 @@ def _intact(path: Path) -> str:
 def _damaged(path: Path, what: str) -> StoreDamagedError:
     what = " ".join(what.split())  # quick_check's findings span lines: the error is one
     return StoreDamagedError(
-        f"the run store {str(path)!r} is damaged ({what}); {_intact(path)}. Recover what reads "
-        f"with: sqlite3 {str(path)!r} .recover > recovered.sql, then load it into a new store "
-        f"(sqlite3 NEW_RUN/{DB_NAME} < recovered.sql); do not resume this one"
+        f"cannot read the run store {str(path)!r}: it is damaged ({what}); {_intact(path)}."
+        f" Recover what reads with: sqlite3 {str(path)!r} .recover > recovered.sql, then load"
+        f" it into a new store (sqlite3 NEW_RUN/{DB_NAME} < recovered.sql); do not resume this one"
     )
 
 
