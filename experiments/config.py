@@ -416,15 +416,16 @@ _SECRET_NAME = re.compile(
 )
 
 
-def _public(value: Any) -> Any:
+def public_value(value: Any) -> Any:
+    """One config value as :func:`public_values` writes it."""
     if isinstance(value, str) and "://" in value:
         from agents.llm.common import safe_url
 
         return ",".join(str(safe_url(u.strip())) for u in value.split(","))
     if isinstance(value, Mapping):
-        return {k: _public(v) for k, v in value.items() if not _SECRET_NAME.search(str(k))}
+        return {k: public_value(v) for k, v in value.items() if not _SECRET_NAME.search(str(k))}
     if isinstance(value, list | tuple):
-        return [_public(v) for v in value]
+        return [public_value(v) for v in value]
     return value
 
 
@@ -433,7 +434,7 @@ def public_values(values: Mapping[str, Any]) -> dict[str, Any]:
     (``safe_url``: a key in ``--base-url`` is never written, so pass it again with
     ``--resume``) and options named like a key, token or password left out (nested mappings
     too: backend options, a preset's base and jobs)."""
-    return {k: _public(v) for k, v in values.items()}
+    return {k: public_value(v) for k, v in values.items()}
 
 
 SECTION_TYPES: dict[str, type] = {f.name: f.default_factory for f in dataclasses.fields(RunConfig)}  # type: ignore[misc]

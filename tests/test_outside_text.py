@@ -17,6 +17,7 @@ import pytest
 from runfactory import make_run, standard_tasks
 from test_runner import SPLIT
 
+from experiments.config import RunConfig, public_values
 from experiments.report import write_report
 from experiments.store import open_reader
 from experiments.terminal import escape_controls
@@ -72,6 +73,22 @@ def test_a_key_in_the_base_url_is_written_and_printed_nowhere(
     with open_reader(run) as reader:
         manifest = reader.get_meta("manifest")
     assert manifest["config"]["base_url"] == f"http://127.0.0.1:{server.port}/v1"
+
+
+def test_the_public_config_copy_has_no_secrets() -> None:
+    cfg = RunConfig.of(
+        model="openai:test",
+        base_url=f"http://u:{KEY}@h1:8000/v1?api_key={KEY}#{KEY},https://h2/v1?token={KEY}",
+        backend_options={"api_key": KEY, "access_token": KEY, "max_tokens": 7, "timeout": 3},
+    )
+    public = cfg.to_dict(public=True)
+    assert public["base_url"] == "http://h1:8000/v1,https://h2/v1"
+    assert public["backend_options"] == {"max_tokens": 7, "timeout": 3}
+    assert KEY not in repr(cfg.to_tree(public=True))
+    assert cfg.to_dict()["base_url"].count(KEY) == 4  # the run itself still has it
+    # a matrix's state file: its flags and the preset's base and jobs
+    preset = {"base": {"base_url": f"http://u:{KEY}@h/v1"}, "jobs": [{"api_key": KEY}]}
+    assert KEY not in repr(public_values({"preset": preset, "flags": {"base_url": f"h://{KEY}@x"}}))
 
 
 class _Hostile(BaseHTTPRequestHandler):
