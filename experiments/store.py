@@ -492,39 +492,44 @@ class _Cursor(sqlite3.Cursor):
 
     connection: _Connection
 
-    @contextmanager
-    def _guard(self) -> Iterator[None]:
-        try:
-            yield
-        except sqlite3.Error as exc:
-            mapped = store_error(exc, self.connection.store_path)
-            if mapped is None:
-                raise
-            raise mapped from None
+    def _mapped(self, exc: sqlite3.Error) -> BaseException:
+        return store_error(exc, self.connection.store_path) or exc
 
     def execute(self, sql: str, parameters: Any = (), /) -> Self:
-        with self._guard():
+        try:
             return super().execute(sql, parameters)
+        except sqlite3.Error as exc:
+            raise self._mapped(exc) from None
 
     def executemany(self, sql: str, seq_of_parameters: Any, /) -> Self:
-        with self._guard():
+        try:
             return super().executemany(sql, seq_of_parameters)
+        except sqlite3.Error as exc:
+            raise self._mapped(exc) from None
 
     def fetchone(self) -> Any:
-        with self._guard():
+        try:
             return super().fetchone()
+        except sqlite3.Error as exc:
+            raise self._mapped(exc) from None
 
     def fetchmany(self, size: int | None = 1) -> list[Any]:
-        with self._guard():
+        try:
             return super().fetchmany(size)
+        except sqlite3.Error as exc:
+            raise self._mapped(exc) from None
 
     def fetchall(self) -> list[Any]:
-        with self._guard():
+        try:
             return super().fetchall()
+        except sqlite3.Error as exc:
+            raise self._mapped(exc) from None
 
     def __next__(self) -> Any:
-        with self._guard():
+        try:
             return super().__next__()
+        except sqlite3.Error as exc:
+            raise self._mapped(exc) from None
 
 
 class _Connection(sqlite3.Connection):
