@@ -159,9 +159,11 @@ def test_a_full_disk_stops_the_run_in_one_line_and_resume_loses_nothing(
     kept = steps_written(run)
     assert 0 < kept < total, (kept, total)  # it stopped part way, with what it had committed
 
-    # reading on the full disk: report writes files there, export too; one line each
-    one_line_error(reflexsim("report", str(run)), "")
-    one_line_error(reflexsim("export", str(run)), "")
+    # still full: a resume, a report and an export (they write files there) say so in one line
+    one_line_error(reflexsim("run", "--resume", str(run), *args), "is full")
+    one_line_error(reflexsim("report", str(run)), "disk is full")
+    one_line_error(reflexsim("export", str(run)), "disk is full")
+    assert steps_written(run) == kept
 
     filler.unlink()  # space freed (and the report the full disk cut short)
     shutil.rmtree(run / "report", ignore_errors=True)
