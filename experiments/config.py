@@ -416,9 +416,15 @@ _SECRET_NAME = re.compile(
 )
 
 
+# A URL, or a comma-separated list of them (``--base-url``'s shards).
+_URLS = re.compile(
+    r"^\s*[A-Za-z][A-Za-z0-9+.-]*://[^\s,]*(\s*,\s*[A-Za-z][A-Za-z0-9+.-]*://[^\s,]*)*\s*$"
+)
+
+
 def public_value(value: Any) -> Any:
     """One config value as :func:`public_values` writes it."""
-    if isinstance(value, str) and "://" in value:
+    if isinstance(value, str) and _URLS.match(value):
         from agents.llm.common import safe_url
 
         return ",".join(str(safe_url(u.strip())) for u in value.split(","))
