@@ -28,7 +28,13 @@ from agents.prompting import template_hashes
 from agents.react import ActorSettings, ReActAgent
 from agents.reflexion import MEMORY_ARMS, ReflexionSettings
 from envs.aio import AsyncEnvPool
-from experiments.config import RESUMABLE_KEYS, RunConfig, data_root, parse_deadline
+from experiments.config import (
+    RESUMABLE_KEYS,
+    RunConfig,
+    data_root,
+    parse_deadline,
+    public_values,
+)
 from experiments.engine import Engine, ModelClient, Usage
 from experiments.errors import ConfigError, RunStoreError
 from experiments.store import RunStore
@@ -206,7 +212,8 @@ def build_manifest(
 def manifest_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """What changed between a run's manifest and a resume's, beyond the resumable keys."""
     diffs = []
-    old_cfg, new_cfg = old.get("config", {}), new.get("config", {})
+    # public copies: a manifest written before secrets were left out compares (and prints) alike
+    old_cfg, new_cfg = public_values(old.get("config", {})), public_values(new.get("config", {}))
     defaults = RunConfig().to_dict()
     for key in sorted(set(old_cfg) | set(new_cfg)):
         if key in RESUMABLE_KEYS:
