@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -437,7 +438,7 @@ def _step(row: Mapping[str, Any], episode: str) -> Step:
 
 # -- damage and a full disk ----------------------------------------------------------------------
 # SQLite's primary result codes (``sqlite3.Error.sqlite_errorcode & 0xff``).
-_SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_NOTADB = 11, 13, 26
+_SQLITE_IOERR, _SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_NOTADB = 10, 11, 13, 26
 _MAIN_TABLES = ("episodes", "steps", "model_calls", "reflections", "events")
 # A reader checks the file on open when it is at most this big (a writer always does).
 QUICK_CHECK_MAX_BYTES = 256 * 2**20
@@ -464,6 +465,16 @@ def _intact(path: Path) -> str:
     return "what still reads: " + ", ".join(parts)
 
 
+def _no_space(path: Path) -> bool:
+    """The file system holding ``path`` has (next to) no space left: a "disk I/O error" there
+    (growing the WAL index, say) is a full disk."""
+    try:
+        st = os.statvfs(path.parent)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < 64 * 1024
+
+
 def _damaged(path: Path, what: str) -> StoreDamagedError:
     what = " ".join(what.split())  # quick_check's findings span lines: the error is one
     return StoreDamagedError(
@@ -477,7 +488,11 @@ def store_error(exc: sqlite3.Error, path: Path) -> RunStoreError | None:
     """The one-line error for a damaged store or a full disk; None for any other SQLite error."""
     code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
     text = str(exc)
-    if code == _SQLITE_FULL or "disk is full" in text:
+    if (
+        code == _SQLITE_FULL
+        or "disk is full" in text
+        or (code == _SQLITE_IOERR and _no_space(path))
+    ):
         return StoreFullError(
             f"the disk holding {str(path)!r} is full ({text}): the run stopped; what was "
             f"recorded is kept; free space, then --resume {str(path.parent)!r}"
@@ -987,13 +1002,23 @@ class RunStore(RunReader):
             self._locate(run_dir)
         existing = self.path.is_file() and self.path.stat().st_size > 0
         self._conn = _connect(self.path, readonly=False)
-        with _opening(self._conn, self.run_dir):
+        try:
+            with _opening(self._conn, self.run_dir):
+                if existing:
+                    _quick_check(self._conn)  # never play on into a damaged store
+                self._conn.execute("PRAGMA journal_mode=WAL")
+                self._conn.execute("PRAGMA synchronous=NORMAL")
+                with self.transaction():
+                    self._upgrade()
+        except StoreFullError:
             if existing:
-                _quick_check(self._conn)  # never play on into a damaged store
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute("PRAGMA synchronous=NORMAL")
-            with self.transaction():
-                self._upgrade()
+                raise
+            for suffix in ("", "-wal", "-shm"):  # the new store never held a thing: no trace
+                Path(f"{self.path}{suffix}").unlink(missing_ok=True)
+            raise StoreFullError(
+                f"the disk holding {str(self.path)!r} is full: nothing was recorded; free space,"
+                " then run it again"
+            ) from None
         self._conn.row_factory = sqlite3.Row
         self._added = frozenset(_ADDED_NAMES)
 

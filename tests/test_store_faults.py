@@ -17,7 +17,7 @@ import pytest
 from runfactory import make_run, standard_tasks, task
 from test_runner import SPLIT, snapshot, steps_written
 
-from experiments.errors import StoreDamagedError
+from experiments.errors import StoreDamagedError, StoreFullError
 from experiments.store import DB_NAME, RunStore, open_reader
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -175,3 +175,12 @@ def test_a_full_disk_stops_the_run_in_one_line_and_resume_loses_nothing(
     assert a["episodes"] == b["episodes"]
     assert a["steps"] == b["steps"]
     assert a["reflections"] == b["reflections"]
+
+
+def test_a_new_store_on_a_full_disk_leaves_no_trace(small_disk: Path) -> None:
+    filler = _fill(small_disk, leave=0)
+    with pytest.raises(StoreFullError, match="nothing was recorded"):
+        RunStore(small_disk / "run", create=True)
+    assert not list((small_disk / "run").iterdir())  # so a new run may start there again
+    filler.unlink()
+    RunStore(small_disk / "run", create=True).close()
