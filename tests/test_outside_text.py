@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
-import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from threading import Thread
@@ -15,7 +13,8 @@ from typing import Any
 
 import pytest
 from runfactory import make_run, standard_tasks
-from test_runner import SPLIT
+from test_runner import SPLIT, _look
+from test_store_faults import reflexsim
 
 from experiments.config import RunConfig, public_values
 from experiments.report import write_report
@@ -24,20 +23,8 @@ from experiments.terminal import escape_controls
 from experiments.viewer import serve
 from tests.fault_server import FaultServer
 
-ROOT = Path(__file__).resolve().parent.parent
 KEY = "sk-live-0123456789abcdefSECRET"
 ESCAPES = "\x1b]0;pwned\x07\x1b[2J"
-
-
-def reflexsim(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "experiments.cli", *args],
-        capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-    )  # fmt: skip
-
-
-def _look(prompt: str) -> str:
-    return " look"
 
 
 def _files(run_dir: Path) -> list[Path]:
