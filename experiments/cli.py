@@ -6,6 +6,7 @@ The only place that reads argv and turns errors into exit codes.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import sys
 import time
@@ -206,6 +207,7 @@ def _run_matrix(args: argparse.Namespace, preset: Any) -> int:
     """A preset with jobs: each job in <run dir>/<name>, one report; 1 if a job failed."""
     from experiments import matrix
     from experiments.config import flag_values
+    from experiments.terminal import escape_controls
 
     flags = flag_values(args)
     if args.dry_run:
@@ -222,7 +224,7 @@ def _run_matrix(args: argparse.Namespace, preset: Any) -> int:
         run_dir = Path(args.run_dir) if args.run_dir else None
         result = matrix.run_matrix(preset, flags, run_dir, force=args.force)
     for name, r in result.jobs.items():
-        error = f"  ({r['error']})" if r.get("error") else ""
+        error = f"  ({escape_controls(str(r['error']))})" if r.get("error") else ""
         print(f"{name}: {r.get('status')}  {r.get('run_dir')}{error}")
     print(f"matrix: {result.run_dir}")
     if result.report is not None:
@@ -341,8 +343,10 @@ def _console_logging() -> None:
     generated on a first run), on stderr; everything else goes to the run's run.log."""
     import logging
 
+    from experiments.terminal import EscapingFormatter
+
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(message)s"))
+    handler.setFormatter(EscapingFormatter("%(message)s"))
     handler.setLevel(logging.INFO)
     handler.addFilter(
         lambda r: r.levelno >= logging.WARNING or r.name in ("reflexsim.runner", "reflexsim.matrix")
@@ -379,7 +383,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _stdout_closed()
     except Exception as exc:  # user-facing errors become one line; bugs keep their traceback
         if _is_user_error(exc):
-            print(f"reflexsim: error: {exc}", file=sys.stderr)
+            from experiments.terminal import escape_controls
+
+            message = escape_controls(str(exc))
+            if _disk_full(exc):
+                message = f"the disk is full ({message}): free space, then run it again"
+            print(f"reflexsim: error: {message}", file=sys.stderr)
             return USAGE_ERROR
         raise
     finally:
@@ -432,11 +441,17 @@ def _stdout_closed() -> int:
     return BROKEN_PIPE
 
 
+def _disk_full(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
 def _is_user_error(exc: BaseException) -> bool:
     from agents.llm.base import MissingDependencyError, SpecError
     from envs.errors import EnvError
     from experiments.errors import ConfigError, RunStoreError
 
+    if _disk_full(exc):
+        return True  # writing a report, config.yaml, an export (the store says so itself)
     return isinstance(
         exc, EnvError | ConfigError | RunStoreError | SpecError | MissingDependencyError
     )

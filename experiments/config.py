@@ -19,6 +19,7 @@ import dataclasses
 import difflib
 import math
 import os
+import re
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -425,19 +426,54 @@ class RunConfig:
         """A copy with some leaves changed (validated like any other config)."""
         return from_mapping({**self.to_dict(), **values}, source="replace")
 
-    def to_dict(self) -> dict[str, Any]:
-        """Every leaf by name (flat: leaf names are unique): the manifest's ``config``."""
+    def to_dict(self, *, public: bool = False) -> dict[str, Any]:
+        """Every leaf by name (flat: leaf names are unique). ``public``: the copy the project
+        writes or prints (the manifest's ``config``, config.yaml, ``--verbose``), without
+        secrets (see :func:`public_values`)."""
         out: dict[str, Any] = {}
         for section in SECTIONS:
             for name in LEAVES_BY_SECTION[section]:
                 value = getattr(getattr(self, section), name)
                 out[name] = list(value) if isinstance(value, tuple) else value
-        return out
+        return public_values(out) if public else out
 
-    def to_tree(self) -> dict[str, dict[str, Any]]:
-        """The same, by section (``--verbose`` prints it)."""
-        flat = self.to_dict()
+    def to_tree(self, *, public: bool = False) -> dict[str, dict[str, Any]]:
+        """The same, by section (config.yaml and ``--verbose`` write it with ``public``)."""
+        flat = self.to_dict(public=public)
         return {s: {n: flat[n] for n in LEAVES_BY_SECTION[s]} for s in SECTIONS}
+
+
+# Option names that hold a secret (api_key, access_token, password, ...), never written.
+_SECRET_NAME = re.compile(
+    r"(^|_)(api_?key|key|token|secret|password|passwd|auth|authorization|credentials?)$", re.I
+)
+
+
+# A URL, or a comma-separated list of them (``--base-url``'s shards).
+_URLS = re.compile(
+    r"^\s*[A-Za-z][A-Za-z0-9+.-]*://[^\s,]*(\s*,\s*[A-Za-z][A-Za-z0-9+.-]*://[^\s,]*)*\s*$"
+)
+
+
+def public_value(value: Any) -> Any:
+    """One config value as :func:`public_values` writes it."""
+    if isinstance(value, str) and _URLS.match(value):
+        from agents.llm.common import safe_url
+
+        return ",".join(str(safe_url(u.strip())) for u in value.split(","))
+    if isinstance(value, Mapping):
+        return {k: public_value(v) for k, v in value.items() if not _SECRET_NAME.search(str(k))}
+    if isinstance(value, list | tuple):
+        return [public_value(v) for v in value]
+    return value
+
+
+def public_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Config values safe to write or print: every URL without user info, query or fragment
+    (``safe_url``: a key in ``--base-url`` is never written, so pass it again with
+    ``--resume``) and options named like a key, token or password left out (nested mappings
+    too: backend options, a preset's base and jobs)."""
+    return {k: public_value(v) for k, v in values.items()}
 
 
 SECTION_TYPES: dict[str, type] = {f.name: f.default_factory for f in dataclasses.fields(RunConfig)}  # type: ignore[misc]

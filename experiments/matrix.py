@@ -58,6 +58,7 @@ from experiments.config import (
     from_mapping,
     load_yaml,
     parse_deadline,
+    public_values,
 )
 from experiments.errors import ConfigError, RunStoreError
 from experiments.lock import DirLock, holder_alive
@@ -460,7 +461,7 @@ def run_matrix(
                 f"{str(root)!r} is not empty and holds no matrix: pick another --run-dir"
             )
         state = {
-            "preset": preset.to_dict(),
+            "preset": public_values(preset.to_dict()),
             "flags": dict(flags),
             "started_at": time.time(),
             "jobs": {},
@@ -485,7 +486,7 @@ def _run_matrix(
 
         import_ray()  # a missing extra is a one-line error before anything is written
         root = root.resolve()  # every node must find it at the same path
-    state["flags"] = {k: v for k, v in dict(flags).items() if k != "run_dir"}
+    state["flags"] = public_values({k: v for k, v in dict(flags).items() if k != "run_dir"})
     start = time.time()
     configs = [(job, job_config(preset, job, flags, root, start)) for job in preset.jobs]
     if preset.needs_data:

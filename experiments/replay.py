@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import difflib
 import os
-import re
 import textwrap
 from pathlib import Path
 from typing import TextIO
@@ -12,17 +11,11 @@ from typing import TextIO
 from agents.prompting import transcript_action
 from experiments.errors import RunStoreError
 from experiments.store import RunReader, episode_id, open_reader
+from experiments.terminal import escape_controls as _clean
 from experiments.viewer.data import prompt_memory
 from memory.records import EpisodeStatus, StepKind
 
-# Model text may hold terminal escape sequences: never pass control characters through.
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
 _COLORS = {"won": "32", "failed": "31", "error": "33", "dim": "2", "bold": "1", "warn": "33"}
-
-
-def _clean(text: str) -> str:
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text.replace("\r\n", "\n"))
 
 
 def _use_color(out: TextIO) -> bool:

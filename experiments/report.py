@@ -24,6 +24,7 @@ part of the trials, the curves or the compute.
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import time
@@ -35,6 +36,7 @@ from typing import Any
 
 from experiments.errors import RunStoreError
 from experiments.store import Outcome, RunReader, open_reader
+from experiments.terminal import escape_controls
 from memory.records import EpisodeStatus, FailureClass
 
 # Fixed figure geometry, so the PNGs always have the same pixel size (no tight bbox).
@@ -487,9 +489,15 @@ def _num(x: float | None, fmt: str = "{:.0f}") -> str:
     return "–" if x is None else fmt.format(x)
 
 
+def _md(v: Any) -> str:
+    """A value from a run (a config field, a game id) as inline Markdown text: HTML in it is
+    shown, never rendered (report.md may be viewed as HTML), on one line."""
+    return html.escape(escape_controls(str(v)), quote=False).replace("\n", " ")
+
+
 def _md_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     def cell(v: Any) -> str:
-        return str(v).replace("|", "\\|").replace("\n", " ")
+        return _md(v).replace("|", "\\|")
 
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]
@@ -594,7 +602,7 @@ def escalation_lines(s: dict[str, Any]) -> list[str]:
         "### Escalation (apart from the trials)",
         "",
         f"{e['tasks']} task(s) unsolved after the last trial re-run once with"
-        f" {', '.join(e['models'])}: {e['solved']} solved.",
+        f" {_md(', '.join(e['models']))}: {e['solved']} solved.",
         "",
     ]
 
@@ -643,7 +651,8 @@ def markdown_report(
     for s, label in zip(summaries, labels, strict=True):
         t = s["tokens"]
         parts += [
-            f"## {label}: {s['model']} · {s['arm']} · evaluator {s['evaluator']}",
+            f"## {_md(label)}: {_md(s['model'])} · {_md(s['arm'])} · evaluator"
+            f" {_md(s['evaluator'])}",
             "",
             f"Solved {s['solved']} of {s['total_tasks']} tasks ({_pct(s['success_rate'])},"
             f" {CONFIDENCE:.0%} CI {_ci(s['success_ci'])});"

@@ -29,11 +29,18 @@ from agents.prompting import PromptFileError, load_original_prompts, template_ha
 from agents.react import ActorSettings, ReActAgent
 from agents.reflexion import MEMORY_ARMS, ReflexionSettings
 from envs.aio import AsyncEnvPool
-from experiments.config import RESUMABLE_KEYS, RunConfig, data_root, parse_deadline
+from experiments.config import (
+    RESUMABLE_KEYS,
+    RunConfig,
+    data_root,
+    parse_deadline,
+    public_values,
+)
 from experiments.engine import Engine, ModelClient, Usage
 from experiments.errors import ConfigError, RunStoreError
 from experiments.lock import DirLock, holder_alive
 from experiments.store import DB_NAME, LOCK_NAME, RunStore
+from experiments.terminal import EscapingFormatter, QuietFileHandler
 from experiments.trials import Escalation, Safeguards, Task, TrialLoop, TrialPlan
 
 log = logging.getLogger("reflexsim.runner")
@@ -186,7 +193,7 @@ def build_manifest(
         return fn() if callable(fn) else {"name": b.name}
 
     return {
-        "config": cfg.to_dict(),
+        "config": cfg.to_dict(public=True),
         "data_root": data,
         "versions": _versions(),
         "git_commit": _git_commit(),
@@ -207,7 +214,8 @@ def build_manifest(
 def manifest_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """What changed between a run's manifest and a resume's, beyond the resumable keys."""
     diffs = []
-    old_cfg, new_cfg = old.get("config", {}), new.get("config", {})
+    # public copies: a manifest written before secrets were left out compares (and prints) alike
+    old_cfg, new_cfg = public_values(old.get("config", {})), public_values(new.get("config", {}))
     defaults = RunConfig().to_dict()
     for key in sorted(set(old_cfg) | set(new_cfg)):
         if key in RESUMABLE_KEYS:
@@ -325,9 +333,9 @@ class _RunLog:
     (batch sizes, retries, crashes: what the morning reader needs); the console is left alone."""
 
     def __init__(self, run_dir: Path) -> None:
-        self.handler = logging.FileHandler(run_dir / "run.log")
+        self.handler = QuietFileHandler(run_dir / "run.log")
         self.handler.setFormatter(
-            logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+            EscapingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
         )
         self.handler.setLevel(logging.INFO)
         self.saved: list[tuple[logging.Logger, int]] = []
@@ -481,7 +489,7 @@ def _prepare(
             manifest = {**old, "resumed_at": time.time(), "resume_differences": diffs}
             manifest["config"] = {
                 **old.get("config", {}),
-                **{k: v for k, v in cfg.to_dict().items() if k in RESUMABLE_KEYS},
+                **{k: v for k, v in cfg.to_dict(public=True).items() if k in RESUMABLE_KEYS},
             }
         elif not lock.held:
             lock.acquire(what="a run")  # the last check: nothing was written before it
@@ -524,7 +532,7 @@ async def _execute(plan: Plan, progress: Progress) -> Path:
             ),
         )
     store.set_meta("manifest", plan.manifest)
-    (run_dir / "config.yaml").write_text(_yaml(cfg.to_tree()))
+    (run_dir / "config.yaml").write_text(_yaml(cfg.to_tree(public=True)))
     progress.begin(
         {
             "run_dir": str(run_dir),
@@ -537,7 +545,7 @@ async def _execute(plan: Plan, progress: Progress) -> Path:
             "concurrency": cfg.execution.concurrency,
             "workers": cfg.execution.workers,
             "config_file": str(run_dir / "config.yaml"),
-            "config": cfg.to_tree(),
+            "config": cfg.to_tree(public=True),
         }
     )
     agent = build_agent(cfg, store)
@@ -625,18 +633,30 @@ async def _execute(plan: Plan, progress: Progress) -> Path:
                 reflector.close()
             for client in extra.values():
                 client.close()  # its backend is the plan's, closed with it
-            wall = store.get_meta("wall_s", 0.0) + (time.time() - started)
-            store.set_meta("wall_s", wall)
-            if ended["how"] != "finished":
-                left = store.mark_interrupted()  # their steps are kept: a resume continues them
-                if left:
-                    ended["episodes_left"] = left
-            if stopped:
-                store.log_event("budget", str(stopped))
-            # how this process ended; whether the run is complete is the store's to derive
-            store.log_event("end", json.dumps(ended))
-            store.close()
+            try:
+                _record_end(store, time.time() - started, ended, stopped)
+            except RunStoreError as exc:
+                if ended["how"] == "finished":
+                    raise
+                # the error that ended the run (a full disk, say) is the one to report; the
+                # store then reads as a kill -9 would leave it, and a resume goes on from there
+                log.warning("how the run ended was not recorded: %s", exc)
+            finally:
+                store.close()
     return run_dir
+
+
+def _record_end(store: RunStore, wall_s: float, ended: dict[str, Any], stopped: str | None) -> None:
+    """The process's wall time and how it ended (episodes left in play become interrupted;
+    whether the run is complete is the store's to derive)."""
+    store.set_meta("wall_s", store.get_meta("wall_s", 0.0) + wall_s)
+    if ended["how"] != "finished":
+        left = store.mark_interrupted()  # their steps are kept: a resume continues them
+        if left:
+            ended["episodes_left"] = left
+    if stopped:
+        store.log_event("budget", str(stopped))
+    store.log_event("end", json.dumps(ended))
 
 
 def reflexion_settings(cfg: RunConfig) -> ReflexionSettings:
@@ -786,5 +806,5 @@ def estimated_plan(cfg: RunConfig, n: int, **games: Any) -> dict[str, Any]:
             if cfg.evaluation.evaluator == "llm"
             else 0,
         },
-        "config": cfg.to_dict(),
+        "config": cfg.to_dict(public=True),
     }

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from experiments.config import RunConfig, from_mapping
+from experiments.config import RunConfig, from_mapping, public_value
 from experiments.errors import ConfigError, RunStoreError
 
 log = logging.getLogger("reflexsim.serve")
@@ -127,7 +127,7 @@ def check_serve(cfg: RunConfig) -> None:
     if cfg.models.base_url and cfg.models.base_url.rstrip("/") != expected:
         raise ConfigError(
             f"--serve points the run at its own server ({expected}): drop --base-url "
-            f"{cfg.models.base_url!r}, or drop --serve to use that server"
+            f"{public_value(cfg.models.base_url)!r}, or drop --serve to use that server"
         )
     template = serve_template(cfg)
     if "{port}" not in template:

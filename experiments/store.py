@@ -14,12 +14,19 @@ migrates it in place (``model_calls`` created and backfilled from steps and refl
 ``migrate`` event records it). Opening one read-only never writes to the file: the same rows are
 derived by temporary views on the connection, so committed or shared runs render unchanged. A
 store newer than this code, or one without a version, is refused with a one-line error.
+
+Damage and a full disk: every connection is a ``_Connection``, whose statements and fetches turn
+SQLite's "malformed" / "not a database" into :class:`StoreDamagedError` (naming what still reads
+and how to recover it) and "database or disk is full" into :class:`StoreFullError`, in one place
+for every read and write. Opening an existing store runs ``PRAGMA quick_check`` (a reader only
+when the file is small, or when asked), so a damaged store is refused before a resume plays on.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -29,7 +36,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
-from experiments.errors import RunStoreError
+from experiments.errors import RunStoreError, StoreDamagedError, StoreFullError
 from experiments.lock import holder_alive
 from memory.records import (
     EpisodeStatus,
@@ -485,6 +492,152 @@ def _step(row: Mapping[str, Any], episode: str) -> Step:
     return Step(**d)
 
 
+# -- damage and a full disk ----------------------------------------------------------------------
+# SQLite's primary result codes (``sqlite3.Error.sqlite_errorcode & 0xff``).
+_SQLITE_IOERR, _SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_NOTADB = 10, 11, 13, 26
+_MAIN_TABLES = ("episodes", "steps", "model_calls", "reflections", "events")
+# A reader checks the file on open when it is at most this big (a writer always does).
+QUICK_CHECK_MAX_BYTES = 256 * 2**20
+
+
+def _intact(path: Path) -> str:
+    """What of a damaged store still reads, in words (rows per main table)."""
+    parts = []
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    except sqlite3.Error:
+        return "nothing in it reads"
+    try:
+        for table in _MAIN_TABLES:
+            try:
+                (n,) = conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()
+                parts.append(f"{table}: {n} rows")
+            except sqlite3.Error:
+                parts.append(f"{table}: unreadable")
+    finally:
+        conn.close()
+    if all(p.endswith("unreadable") for p in parts):
+        return "nothing in it reads"
+    return "what still reads: " + ", ".join(parts)
+
+
+def _no_space(path: Path) -> bool:
+    """The file system holding ``path`` has (next to) no space left: a "disk I/O error" there
+    (growing the WAL index, say) is a full disk."""
+    try:
+        st = os.statvfs(path.parent)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < 64 * 1024
+
+
+def _damaged(path: Path, what: str) -> StoreDamagedError:
+    what = " ".join(what.split())  # quick_check's findings span lines: the error is one
+    return StoreDamagedError(
+        f"cannot read the run store {str(path)!r}: it is damaged ({what}); {_intact(path)}."
+        f" Recover what reads with: sqlite3 {str(path)!r} .recover > recovered.sql, then load"
+        f" it into a new store (sqlite3 NEW_RUN/{DB_NAME} < recovered.sql); do not resume this one"
+    )
+
+
+def store_error(exc: sqlite3.Error, path: Path) -> RunStoreError | None:
+    """The one-line error for a damaged store or a full disk; None for any other SQLite error."""
+    code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
+    text = str(exc)
+    if (
+        code == _SQLITE_FULL
+        or "disk is full" in text
+        or (code == _SQLITE_IOERR and _no_space(path))
+    ):
+        return StoreFullError(
+            f"the disk holding {str(path)!r} is full ({text}): the run stopped; what was "
+            f"recorded is kept; free space, then --resume {str(path.parent)!r}"
+        )
+    if code in (_SQLITE_CORRUPT, _SQLITE_NOTADB) or "malformed" in text or "not a database" in text:
+        return _damaged(path, text)
+    return None
+
+
+class _Cursor(sqlite3.Cursor):
+    """A cursor whose statements and fetches raise ``store_error`` where it applies."""
+
+    connection: _Connection
+
+    def _mapped(self, exc: sqlite3.Error) -> BaseException:
+        return store_error(exc, self.connection.store_path) or exc
+
+    def execute(self, sql: str, parameters: Any = (), /) -> Self:
+        try:
+            return super().execute(sql, parameters)
+        except sqlite3.Error as exc:
+            raise self._mapped(exc) from None
+
+    def executemany(self, sql: str, seq_of_parameters: Any, /) -> Self:
+        try:
+            return super().executemany(sql, seq_of_parameters)
+        except sqlite3.Error as exc:
+            raise self._mapped(exc) from None
+
+    def fetchone(self) -> Any:
+        try:
+            return super().fetchone()
+        except sqlite3.Error as exc:
+            raise self._mapped(exc) from None
+
+    def fetchmany(self, size: int | None = 1) -> list[Any]:
+        try:
+            return super().fetchmany(size)
+        except sqlite3.Error as exc:
+            raise self._mapped(exc) from None
+
+    def fetchall(self) -> list[Any]:
+        try:
+            return super().fetchall()
+        except sqlite3.Error as exc:
+            raise self._mapped(exc) from None
+
+    def __next__(self) -> Any:
+        try:
+            return super().__next__()
+        except sqlite3.Error as exc:
+            raise self._mapped(exc) from None
+
+
+class _Connection(sqlite3.Connection):
+    """A connection to a run store: every statement runs on a :class:`_Cursor`."""
+
+    store_path: Path
+
+    def execute(self, sql: str, parameters: Any = (), /) -> _Cursor:
+        return self.cursor(_Cursor).execute(sql, parameters)
+
+    def executemany(self, sql: str, seq_of_parameters: Any, /) -> _Cursor:
+        return self.cursor(_Cursor).executemany(sql, seq_of_parameters)
+
+
+def _connect(path: Path, *, readonly: bool) -> _Connection:
+    target, uri = (f"file:{path}?mode=ro", True) if readonly else (str(path), False)
+    conn = sqlite3.connect(
+        target,
+        uri=uri,
+        isolation_level=None,
+        timeout=30,
+        check_same_thread=False,
+        factory=_Connection,
+    )
+    assert isinstance(conn, _Connection)
+    conn.store_path = path
+    return conn
+
+
+def _quick_check(conn: _Connection) -> None:
+    """A damaged file (bad pages, truncated, garbage inside) raises StoreDamagedError."""
+    rows = conn.execute("PRAGMA quick_check(3)").fetchall()
+    problems = [str(r[0]) for r in rows if r[0] != "ok"]
+    if problems:
+        raise _damaged(conn.store_path, f"quick_check: {'; '.join(problems)}")
+
+
 # -- opening and versions ------------------------------------------------------------------------
 def _stored_version(conn: sqlite3.Connection, run_dir: Path) -> int | None:
     """The store's schema version; None for an empty database (a new store)."""
@@ -560,12 +713,16 @@ class RunReader:
     _conn: sqlite3.Connection
     _added: frozenset[str]  # the tables added without a version step that this store has
 
-    def __init__(self, run_dir: str | Path) -> None:
+    def __init__(self, run_dir: str | Path, *, check: bool | None = None) -> None:
+        """``check``: run ``PRAGMA quick_check`` first (None: when the file is small)."""
         self._locate(run_dir)
-        uri = f"file:{self.path}?mode=ro"
-        self._conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+        self._conn = _connect(self.path, readonly=True)
+        if check is None:
+            check = self.path.stat().st_size <= QUICK_CHECK_MAX_BYTES
         with _opening(self._conn, self.run_dir):
             version = _stored_version(self._conn, self.run_dir)
+            if check and version is not None:
+                _quick_check(self._conn)
             if version is None:
                 raise RunStoreError(
                     f"{str(self.run_dir)!r} is not a run directory (its {DB_NAME} is empty)"
@@ -918,9 +1075,10 @@ class RunReader:
         return Progress(solved=row["solved"], tokens=row["tokens"])
 
 
-def open_reader(run_dir: str | Path) -> RunReader:
-    """The run's store, read-only; a one-line RunStoreError when it cannot be read."""
-    return RunReader(run_dir)
+def open_reader(run_dir: str | Path, *, check: bool | None = None) -> RunReader:
+    """The run's store, read-only; a one-line RunStoreError when it cannot be read (checked
+    for damage on open unless ``check`` is False; None: when the file is small)."""
+    return RunReader(run_dir, check=check)
 
 
 class RunStore(RunReader):
@@ -946,14 +1104,25 @@ class RunStore(RunReader):
                 ) from None
         else:
             self._locate(run_dir)
-        self._conn = sqlite3.connect(
-            self.path, isolation_level=None, timeout=30, check_same_thread=False
-        )
-        with _opening(self._conn, self.run_dir):
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute("PRAGMA synchronous=NORMAL")
-            with self.transaction():
-                self._upgrade()
+        existing = self.path.is_file() and self.path.stat().st_size > 0
+        self._conn = _connect(self.path, readonly=False)
+        try:
+            with _opening(self._conn, self.run_dir):
+                if existing:
+                    _quick_check(self._conn)  # never play on into a damaged store
+                self._conn.execute("PRAGMA journal_mode=WAL")
+                self._conn.execute("PRAGMA synchronous=NORMAL")
+                with self.transaction():
+                    self._upgrade()
+        except StoreFullError:
+            if existing:
+                raise
+            for suffix in ("", "-wal", "-shm"):  # the new store never held a thing: no trace
+                Path(f"{self.path}{suffix}").unlink(missing_ok=True)
+            raise StoreFullError(
+                f"the disk holding {str(self.path)!r} is full: nothing was recorded; free space,"
+                " then run it again"
+            ) from None
         self._conn.row_factory = sqlite3.Row
         self._added = frozenset(_ADDED_NAMES)
 

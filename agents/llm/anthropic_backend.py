@@ -49,6 +49,7 @@ from agents.llm.common import (
     prompt_as_messages,
     require,
     safe_url,
+    url_secrets,
 )
 from agents.llm.retry import (
     MalformedResponse,
@@ -128,7 +129,8 @@ class AnthropicBackend:
         key = os.environ.get(api_key_env)
         if not key:
             raise SpecError(f"{self.name}: set the {api_key_env} environment variable")
-        self._scrub = key_scrubber(key)  # the key lives only in this closure and the SDK client
+        # the key lives only in this closure and the SDK client (and the URL's secrets)
+        self._scrub = key_scrubber(key, *url_secrets(base_url))
         anthropic = require("anthropic", "anthropic", "anthropic")
         from agents.llm.deadline import RequestGuard
 

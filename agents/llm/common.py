@@ -20,7 +20,7 @@ import logging
 import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from agents.llm.base import (
     OVERSIZED,
@@ -158,9 +158,22 @@ def scrub(text: str, secrets: Iterable[str | None]) -> str:
     return text
 
 
-def key_scrubber(key: str) -> Callable[[str], str]:
-    """A function that blanks ``key`` out of a text: the key lives only in its closure."""
-    return lambda text: scrub(text, (key,))
+def url_secrets(url: str | None) -> list[str]:
+    """What ``safe_url`` drops from each of a (comma-separated) URL: user info, query values,
+    the query and the fragment (a key may sit in any of them)."""
+    out: list[str] = []
+    for one in (url or "").split(","):
+        parts = urlsplit(one.strip())
+        out += [parts.password or "", parts.username or "", parts.query, parts.fragment]
+        out += [v for _, v in parse_qsl(parts.query, keep_blank_values=True)]
+    return sorted({s for s in out if s}, key=len, reverse=True)
+
+
+def key_scrubber(key: str, *others: str) -> Callable[[str], str]:
+    """A function that blanks ``key`` (and ``others``: a base URL's ``url_secrets``) out of a
+    text: they live only in its closure."""
+    secrets = (key, *others)
+    return lambda text: scrub(text, secrets)
 
 
 def require(module: str, package: str, extra: str) -> Any:

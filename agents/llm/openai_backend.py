@@ -72,6 +72,7 @@ from agents.llm.common import (
     opt_int,
     prompt_as_messages,
     safe_url,
+    url_secrets,
 )
 from agents.llm.retry import (
     MalformedResponse,
@@ -176,7 +177,8 @@ class OpenAIBackend:
                     "(or pass base_url= for a local OpenAI-compatible server)"
                 )
             key = DUMMY_KEY
-        self._scrub = key_scrubber(key)  # the key lives only in this closure and the SDK client
+        # the key lives only in this closure and the SDK client (and the URL's secrets)
+        self._scrub = key_scrubber(key, *url_secrets(base_url))
         openai = _import_openai()
         from agents.llm.deadline import RequestGuard
 

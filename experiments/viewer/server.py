@@ -129,7 +129,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- API ---------------------------------------------------------------------------------
     def _api_run(self) -> dict[str, Any]:
-        with open_reader(self.run_dir) as reader:
+        with open_reader(self.run_dir, check=False) as reader:  # checked at start
             return {
                 "mode": "served",
                 "runs": [run_index(reader, 0, self.label, summarize(reader))],
@@ -138,14 +138,14 @@ class _Handler(BaseHTTPRequestHandler):
             }
 
     def _api_episode(self, episode_id: str) -> dict[str, Any]:
-        with open_reader(self.run_dir) as reader:
+        with open_reader(self.run_dir, check=False) as reader:  # checked at start
             detail = load_episode(reader, episode_id)
         if detail is None:
             raise _NotFound(episode_id)
         return detail
 
     def _api_prompt(self, episode_id: str, index: int) -> dict[str, Any]:
-        with open_reader(self.run_dir) as reader:
+        with open_reader(self.run_dir, check=False) as reader:  # checked at start
             row = reader.episode(episode_id)
             if row is None:
                 raise _NotFound(episode_id)
@@ -225,6 +225,14 @@ def serve(run_dir: Path, host: str = "127.0.0.1", port: int = 0) -> ViewerServer
         ) from None
     httpd.daemon_threads = True
     handler.allowed_hosts = _allowed_hosts(host, int(httpd.server_address[1]))
+    if handler.allowed_hosts is None:
+        log.warning(
+            "warning: the viewer listens on %s, reachable from the network: anyone who can reach"
+            " port %d reads the run (prompts, model outputs), with no login. Serve on 127.0.0.1"
+            " (the default) and use an SSH tunnel to view it from elsewhere",
+            host,
+            int(httpd.server_address[1]),
+        )
     thread = threading.Thread(target=httpd.serve_forever, name="reflexsim-viewer", daemon=True)
     thread.start()
     return ViewerServer(httpd, thread, run_dir)

@@ -1,0 +1,38 @@
+"""Text from outside (model output, a server's error, a game file, a config value) made safe to
+print or log: control characters, terminal escape sequences among them, are shown escaped
+(``\\x1b``), never passed through to a terminal or a log file. The replay, the CLI's error line
+and every log handler of the project (the console, ``run.log``) use this one function."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+# Every C0/C1 control character except tab and newline (ESC, BEL, CR, DEL, CSI, ...).
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with each control character but tab and newline written as ``\\xNN``."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text.replace("\r\n", "\n"))
+
+
+class EscapingFormatter(logging.Formatter):
+    """A log formatter whose lines (message, traceback) carry no control characters."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return escape_controls(super().format(record))
+
+
+class QuietFileHandler(logging.FileHandler):
+    """A log file that stops writing when it cannot (a full disk) instead of printing a
+    traceback for every record: the run's own error says what happened."""
+
+    failed = False
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - stdlib's name
+        self.failed = True
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.failed:
+            super().emit(record)
