@@ -152,11 +152,13 @@ def actor_prefix(
     examples: Sequence[str],
     reflections: Sequence[Reflection] = (),
     facts: Sequence[ExplorationFact] = (),
+    instruction: str | None = None,
 ) -> str:
-    """Instruction, the examples, the memory block, then the task header."""
+    """Instruction (the packaged one unless given), the examples, the memory block, then the
+    task header."""
     body = "\n\n".join(e.strip("\n") for e in examples)
     return (
-        template("react_instruction")
+        (template("react_instruction") if instruction is None else instruction)
         + body
         + "\n\n"
         + memory_block(reflections, facts)
@@ -170,9 +172,14 @@ def actor_prompt(prefix: str, observation: str, history: Sequence[tuple[str, str
 
 
 def reflection_prompt(observation: str, history: Sequence[tuple[str, str]]) -> str:
-    return template("reflection").format(
-        examples=template("reflection_examples").strip("\n"),
-        transcript=render_transcript(observation, history),
+    """The reflection prompt; it ends where the model writes (the file's last newline dropped)."""
+    return (
+        template("reflection")
+        .format(
+            examples=template("reflection_examples").strip("\n"),
+            transcript=render_transcript(observation, history),
+        )
+        .removesuffix("\n")
     )
 
 

@@ -33,6 +33,7 @@ ARMS = (
 LATS_VALUES = ("llm", "sc", "heuristic", "oracle")
 REFLECTION_FORMATS = ("free", "critique")
 EVALUATORS = ("paper", "code", "llm")
+PROTOCOLS = ("reflexsim", "reflexion-code")
 ENVS = ("alfworld", "textworld")
 SPLITS = ("train", "eval_in_distribution", "eval_out_of_distribution")
 
@@ -119,7 +120,35 @@ class ProtocolConfig:
     prompts: str | None = option(
         None, "an original ReAct prompt file (JSON of react_<type>_<k> transcripts)"
     )
+    protocol: str = option(
+        "reflexsim",
+        "prompt layout and action handling: reflexsim (this project's own) or reflexion-code "
+        "(what the paper's code sends, byte for byte; needs --prompts, --instruction-file, "
+        "--reflection-template and --reflection-examples)",
+        choices=PROTOCOLS,
+    )
+    instruction_file: str | None = option(
+        None,
+        "a file whose text (its newline included) is the actor's instruction, put before the "
+        "two examples (default: the packaged one)",
+    )
+    reflection_template: str | None = option(
+        None,
+        "reflexion-code: the reflection prompt template, with {examples}, {trajectory} and "
+        "{past_plans} (its last newline is dropped)",
+    )
+    reflection_examples: str | None = option(
+        None, "reflexion-code: the reflection's few-shot examples file, put in verbatim"
+    )
     seed: int = option(0, "run seed (sampling, generated games)")
+
+    def __post_init__(self) -> None:
+        if self.protocol != PROTOCOLS[1]:
+            given = [n for n in ("reflection_template", "reflection_examples") if getattr(self, n)]
+            if given:
+                raise ConfigError(
+                    f"--{given[0].replace('_', '-')} is read only by --protocol reflexion-code"
+                )
 
 
 @dataclass(frozen=True)

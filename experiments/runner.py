@@ -24,9 +24,10 @@ from agents.llm import make_backend
 from agents.llm.base import Backend, GenerationConfig
 from agents.parsing import GroundingRules
 from agents.plan_execute import PlanExecuteAgent, PlanSettings
-from agents.prompting import template_hashes
+from agents.prompting import sha256, template_hashes
 from agents.react import ActorSettings, ReActAgent
 from agents.reflexion import MEMORY_ARMS, ReflexionSettings
+from agents.reflexion_code import CODE_PROTOCOL, CodePrompts, PromptFileError, layout_text
 from envs.aio import AsyncEnvPool
 from experiments.config import RESUMABLE_KEYS, RunConfig, data_root, parse_deadline
 from experiments.engine import Engine, ModelClient, Usage
@@ -192,6 +193,8 @@ def build_manifest(
         "games": {g: _file_hash(p) for g, p in sorted(games.files.items())},
         "prompt_templates": template_hashes(),
         "prompts_file": _file_hash(Path(cfg.protocol.prompts)) if cfg.protocol.prompts else None,
+        "protocol": cfg.protocol.protocol,
+        "prompt_files": prompt_file_hashes(cfg),
         "actor": describe(actor),
         "reflector": describe(reflector),
         "generation": generation_config(cfg).__dict__,
@@ -214,7 +217,7 @@ def manifest_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         was, now = old_cfg.get(key, defaults.get(key)), new_cfg.get(key, defaults.get(key))
         if was != now:
             diffs.append(f"{key}: {was!r} -> {now!r}")
-    for key in ("games", "prompt_templates", "prompts_file", "action_syntax"):
+    for key in ("games", "prompt_templates", "prompts_file", "prompt_files", "action_syntax"):
         if old.get(key) != new.get(key):
             diffs.append(f"{key} changed")
     return diffs
@@ -367,6 +370,7 @@ def prepare(cfg: RunConfig, resume: str | None = None, force: bool = False) -> P
     """Resolve a run: its games, run directory, backends and manifest (checked against the
     recorded one when resuming). Nothing is played yet; :func:`execute` plays it."""
     games = select_games(cfg)
+    code_prompts(cfg), _instruction(cfg)  # the prompt files: one-line errors before anything
     if resume:
         run_dir = Path(resume)
     elif cfg.execution.run_dir:
@@ -549,8 +553,53 @@ async def _execute(plan: Plan, progress: Progress) -> Path:
     return run_dir
 
 
+CODE_FILES = ("prompts", "instruction_file", "reflection_template", "reflection_examples")
+
+
+def code_prompts(cfg: RunConfig) -> CodePrompts | None:
+    """The user's files of the reflexion-code protocol (None in reflexsim's own)."""
+    p = cfg.protocol
+    if p.protocol != CODE_PROTOCOL:
+        return None
+    missing = [n for n in CODE_FILES if not getattr(p, n)]
+    if missing:
+        flags = ", ".join("--" + n.replace("_", "-") for n in missing)
+        raise ConfigError(f"--protocol {CODE_PROTOCOL} needs the wording files: {flags}")
+    assert p.prompts and p.instruction_file and p.reflection_template and p.reflection_examples
+    try:
+        return CodePrompts.load(
+            p.prompts, p.instruction_file, p.reflection_template, p.reflection_examples
+        )
+    except PromptFileError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def prompt_file_hashes(cfg: RunConfig) -> dict[str, str]:
+    """sha256 of every prompt file the user gave (and of the protocol's layout file)."""
+    p = cfg.protocol
+    out = {n: _file_hash(Path(getattr(p, n))) for n in CODE_FILES if getattr(p, n)}
+    if p.protocol == CODE_PROTOCOL:
+        out["layout"] = sha256(layout_text())
+    return out
+
+
+def _instruction(cfg: RunConfig) -> str | None:
+    path = cfg.protocol.instruction_file
+    if path is None:
+        return None
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(
+            f"cannot read the instruction file {path!r}: {exc.__class__.__name__}"
+        ) from None
+
+
 def reflexion_settings(cfg: RunConfig) -> ReflexionSettings:
     return ReflexionSettings(
+        protocol=cfg.protocol.protocol,
+        code_prompts=code_prompts(cfg),
+        instruction=_instruction(cfg),
         arm=cfg.protocol.agent,
         memory_size=cfg.protocol.memory_size,
         reflect_model=cfg.models.reflector,
@@ -640,6 +689,7 @@ def actor_settings(cfg: RunConfig) -> ActorSettings:
         max_steps=cfg.protocol.max_steps,
         count_thoughts=cfg.protocol.count_thoughts,
         decoding=cfg.models.action_decoding,
+        protocol=cfg.protocol.protocol,
     )
 
 
