@@ -116,7 +116,11 @@ class ProtocolConfig:
     count_thoughts: bool = option(
         True, "thoughts use up the step budget and the evaluator's action count (originals: yes)"
     )
-    grounding: bool = option(True, "rewrite put X in/on Y to move X to Y (ALFWorld 0.4 syntax)")
+    grounding: bool = option(
+        True,
+        "rewrite the action: lowercase it, strip a leading '>', and put X in/on Y to move X to Y "
+        "(ALFWorld 0.4 syntax); the reflexion-code protocol never rewrites",
+    )
     prompts: str | None = option(
         None, "an original ReAct prompt file (JSON of react_<type>_<k> transcripts)"
     )

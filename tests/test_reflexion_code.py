@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from agents import reflexion_code as code
-from agents.evaluators import CodeEvaluator
 from agents.episode import EnvReply, EpisodeSpec
+from agents.evaluators import CodeEvaluator
 from agents.llm.base import Completion, GenerationConfig, Request
 from agents.parsing import GroundingRules
 from agents.react import ActorSettings, ReActAgent
@@ -249,3 +249,21 @@ def test_both_protocols_get_the_same_observations_for_the_same_commands(generate
                 compared += 1
     assert compared
     assert manifest["prompt_files"].keys() == {*files(), "layout"}
+
+
+def test_the_paper_original_preset_sets_what_the_code_sets():
+    from experiments import matrix
+
+    preset = matrix.load_preset("paper-original")
+    (job,) = preset.jobs
+    cfg = matrix.job_config(preset, job, {}, Path("runs")).to_dict()
+    assert cfg["protocol"] == "reflexion-code" and cfg["agent"] == "reflexion"
+    assert (cfg["max_steps"], cfg["evaluator"], cfg["memory_size"], cfg["trials"]) == (
+        49,
+        "code",
+        3,
+        10,
+    )
+    assert (cfg["max_tokens"], cfg["reflect_max_tokens"], cfg["temperature"]) == (256, 256, 0.0)
+    assert cfg["grounding"] is False and cfg["count_thoughts"] is True
+    assert "--reflection-template" in preset.description
