@@ -147,6 +147,11 @@ class ProtocolConfig:
     seed: int = option(0, "run seed (sampling, generated games)")
 
     def __post_init__(self) -> None:
+        if self.protocol == PROTOCOLS[1] and self.agent not in ("react", "reflexion"):
+            raise ConfigError(
+                f"--protocol {PROTOCOLS[1]} plays the paper code's arms only: --agent react or "
+                f"reflexion, not {self.agent}"
+            )
         if self.protocol != PROTOCOLS[1]:
             given = [n for n in ("reflection_template", "reflection_examples") if getattr(self, n)]
             if given:

@@ -217,9 +217,11 @@ def manifest_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         was, now = old_cfg.get(key, defaults.get(key)), new_cfg.get(key, defaults.get(key))
         if was != now:
             diffs.append(f"{key}: {was!r} -> {now!r}")
-    for key in ("games", "prompt_templates", "prompts_file", "prompt_files", "action_syntax"):
+    for key in ("games", "prompt_templates", "prompts_file", "action_syntax"):
         if old.get(key) != new.get(key):
             diffs.append(f"{key} changed")
+    if old.get("prompt_files", {}) != new.get("prompt_files", {}):  # older manifests lack it
+        diffs.append("prompt_files changed")
     return diffs
 
 
@@ -370,7 +372,15 @@ def prepare(cfg: RunConfig, resume: str | None = None, force: bool = False) -> P
     """Resolve a run: its games, run directory, backends and manifest (checked against the
     recorded one when resuming). Nothing is played yet; :func:`execute` plays it."""
     games = select_games(cfg)
-    code_prompts(cfg), _instruction(cfg)  # the prompt files: one-line errors before anything
+    _instruction(cfg)  # the prompt files: one-line errors before anything
+    wording = code_prompts(cfg)
+    if wording is not None:
+        lacking = sorted({t.task_type for t in games.tasks} - set(wording.examples))
+        if lacking:
+            raise ConfigError(
+                f"prompt file {cfg.protocol.prompts!r} has no react_{lacking[0]}_0/_1 pair "
+                f"for the {lacking[0]} games"
+            )
     if resume:
         run_dir = Path(resume)
     elif cfg.execution.run_dir:

@@ -267,3 +267,17 @@ def test_the_paper_original_preset_sets_what_the_code_sets():
     assert (cfg["max_tokens"], cfg["reflect_max_tokens"], cfg["temperature"]) == (256, 256, 0.0)
     assert cfg["grounding"] is False and cfg["count_thoughts"] is True
     assert "--reflection-template" in preset.description
+
+
+def test_the_protocol_plays_the_code_arms_only_and_needs_every_task_type(generated_games, tmp_path):
+    with pytest.raises(ConfigError, match="--agent react or reflexion"):
+        RunConfig.of(protocol="reflexion-code", agent="lats")
+    only_put = tmp_path / "put.json"
+    data = json.loads((GOLDEN / "prompts.json").read_text())
+    only_put.write_text(json.dumps({k: v for k, v in data.items() if "_put_" in k}))
+    cfg = game_run(
+        generated_games, tmp_path, "r", "reflexion", model="scripted:expert",
+        protocol="reflexion-code", **{**files(), "prompts": str(only_put)},
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match="has no react_"):
+        run(cfg)
