@@ -134,7 +134,7 @@ class ProtocolConfig:
     instruction_file: str | None = option(
         None,
         "a file whose text (its newline included) is the actor's instruction, put before the "
-        "two examples (default: the packaged one)",
+        "two examples; without it, the packaged instruction",
     )
     reflection_template: str | None = option(
         None,
