@@ -20,7 +20,7 @@ from agents.evaluators import Evaluator, Verdict, classify_failure, count_action
 from agents.llm.base import ActionConstraint, Completion, GenerationConfig, Request
 from agents.parsing import GroundingRules, ParsedAction, parse_action
 from agents.prompting import actor_prompt, transcript_pairs
-from memory.records import FailureClass, Step, StepKind
+from memory.records import Step, StepKind
 
 NOTHING_HAPPENS = "Nothing happens."
 THOUGHT_OBSERVATION = "OK."
@@ -214,18 +214,7 @@ class ReActAgent:
             return None
         if steps[-1].won:
             return EpisodeEnd(won=True)
-        verdict: Verdict | None
-        if self.settings.code_protocol and self.settings.evaluator.name == "code":
-            # the code's own rule on the exact action strings (the first compares with "")
-            verdict = None
-            if code.exhausted([s.action for s in steps]):
-                verdict = Verdict(
-                    True,
-                    f"the same action was emitted twice in a row: {steps[-1].action!r}",
-                    FailureClass.REPEATED_ACTION.value,
-                )
-        else:
-            verdict = self.settings.evaluator.check(steps)
+        verdict: Verdict | None = self.settings.evaluator.check(steps)
         capped = truncated or (
             count_actions(steps, self.settings.count_thoughts) >= self.settings.max_steps
         )

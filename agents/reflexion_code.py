@@ -15,7 +15,7 @@ gives (nothing of the original wording ships here):
   the empty action is played; every action reaches the env, and one that starts with ``think:``
   is then shown with the observation ``OK.``; ``You arrive at loc N. `` is cut from observations;
 - the episode ends when the env says won, when an action equals the one before it (the first
-  compares with ``""``), or after the step cap;
+  compares with ``""``: the ``code`` evaluator's exact mode), or after the step cap;
 - reflection prompt: the user's template with ``{examples}`` (the examples file verbatim),
   ``{trajectory}`` (the failed episode as the code's trial log holds it, from the first
   observation through ``STATUS: FAIL``; for the last game of the run the log's trial summary
@@ -205,15 +205,6 @@ def is_thought(action: str) -> bool:
 
 def thought_observation() -> str:
     return layout()["thought_observation"]
-
-
-def exhausted(actions: Sequence[str]) -> bool:
-    """The code's exhaustion rule: the last action equals the one before it (``""`` before the
-    first)."""
-    if not actions:
-        return False
-    before = actions[-2] if len(actions) >= 2 else ""
-    return actions[-1] == before
 
 
 # -- the reflection --------------------------------------------------------------------------------

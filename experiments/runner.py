@@ -691,6 +691,7 @@ def actor_settings(cfg: RunConfig) -> ActorSettings:
             count_thoughts=cfg.protocol.count_thoughts,
             max_actions=cfg.evaluation.max_actions,
             max_repeats=cfg.evaluation.max_repeats,
+            exact=cfg.protocol.protocol == CODE_PROTOCOL,
         ),
         # put X in/on Y -> move X to Y is ALFWorld 0.4's syntax; TextWorld keeps `put`
         grounding=GroundingRules(put_to_move=cfg.gameset.env == "alfworld")

@@ -150,7 +150,7 @@ def agent(max_steps: int = 49) -> ReActAgent:
     return ReActAgent(
         ActorSettings(
             generation=GenerationConfig(temperature=0.0, max_tokens=256, stop=("\n",)),
-            evaluator=CodeEvaluator(),
+            evaluator=CodeEvaluator(exact=True),
             grounding=GroundingRules(),  # the protocol applies none of them
             max_steps=max_steps,
             protocol=code.CODE_PROTOCOL,
@@ -198,7 +198,9 @@ def test_an_empty_first_action_is_exhausted_at_once():
     ctx = _Ctx([""] * 6)
     end = asyncio.run(agent().play(ctx))
     assert ctx.sent == [""] and "twice in a row" in (end.verdict or "")
-    assert code.exhausted(["a", "a"]) and code.exhausted([""]) and not code.exhausted(["a", "b"])
+    exact = CodeEvaluator(exact=True)
+    assert exact.check(steps_of([("a", "o"), ("a", "p")])) and exact.check(steps_of([("", "o")]))
+    assert not exact.check(steps_of([("a", "o"), ("b", "o")]))
 
 
 def test_old_arrival_text_is_cut_as_the_code_cuts_it():
