@@ -18,7 +18,7 @@ from agents import reflexion_code as code
 from agents.episode import EnvReply, EpisodeContext, EpisodeEnd
 from agents.evaluators import Evaluator, Verdict, classify_failure, count_actions
 from agents.llm.base import ActionConstraint, Completion, GenerationConfig, Request
-from agents.parsing import GroundingRules, ParsedAction, parse_action
+from agents.parsing import GroundingRules, ParsedAction, parse_action, put_to_move
 from agents.prompting import actor_prompt, transcript_pairs
 from memory.records import Step, StepKind
 
@@ -158,7 +158,9 @@ class ReActAgent:
     ) -> tuple[Step, EnvReply, bool]:
         """One step of the ``reflexion-code`` protocol (see :mod:`agents.reflexion_code`): up to
         six tries while the output is short, each a recorded call; the stripped text (or "")
-        goes to the env as it is; a ``think:`` action is shown with ``OK.``."""
+        goes to the env as it is (``put X in/on Y`` as ``move X to Y`` only when the grounding
+        rules ask for it; the prompt then shows what was sent); a ``think:`` action is shown
+        with ``OK.``."""
         base = request.config
         texts: list[Completion] = []
         text = ""
@@ -171,6 +173,8 @@ class ReActAgent:
                 text = out
                 break
         action = text.strip()
+        if self.settings.grounding.put_to_move:  # asked for: ALFWorld 0.4's move X to Y
+            action = put_to_move(action)
         state = await ctx.step(action)
         if code.is_thought(action):
             kind, observation = StepKind.THINK, code.thought_observation()

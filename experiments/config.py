@@ -144,6 +144,11 @@ class ProtocolConfig:
     reflection_examples: str | None = option(
         None, "reflexion-code: the reflection's few-shot examples file, put in verbatim"
     )
+    code_put_to_move: bool = option(
+        False,
+        "reflexion-code: send put X in/on Y to the env as move X to Y (ALFWorld 0.4 syntax; "
+        "the prompt shows what was sent); off, as in the code",
+    )
     seed: int = option(0, "run seed (sampling, generated games)")
 
     def __post_init__(self) -> None:
@@ -153,7 +158,11 @@ class ProtocolConfig:
                 f"reflexion, not {self.agent}"
             )
         if self.protocol != PROTOCOLS[1]:
-            given = [n for n in ("reflection_template", "reflection_examples") if getattr(self, n)]
+            given = [
+                n
+                for n in ("reflection_template", "reflection_examples", "code_put_to_move")
+                if getattr(self, n)
+            ]
             if given:
                 raise ConfigError(
                     f"--{given[0].replace('_', '-')} is read only by --protocol reflexion-code"

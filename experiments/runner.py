@@ -12,7 +12,7 @@ import platform
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Protocol
@@ -683,6 +683,16 @@ def _extra_clients(cfg: RunConfig) -> dict[str, ModelClient]:
     return out
 
 
+def grounding_rules(cfg: RunConfig) -> GroundingRules:
+    """The rewrites of the model's action: none in the reflexion-code protocol but the one it is
+    asked for; put X in/on Y -> move X to Y is ALFWorld 0.4's syntax (TextWorld keeps `put`)."""
+    if cfg.protocol.protocol == CODE_PROTOCOL:
+        return replace(GroundingRules.none(), put_to_move=cfg.protocol.code_put_to_move)
+    if cfg.protocol.grounding:
+        return GroundingRules(put_to_move=cfg.gameset.env == "alfworld")
+    return GroundingRules.none()
+
+
 def actor_settings(cfg: RunConfig) -> ActorSettings:
     return ActorSettings(
         generation=generation_config(cfg),
@@ -693,10 +703,7 @@ def actor_settings(cfg: RunConfig) -> ActorSettings:
             max_repeats=cfg.evaluation.max_repeats,
             exact=cfg.protocol.protocol == CODE_PROTOCOL,
         ),
-        # put X in/on Y -> move X to Y is ALFWorld 0.4's syntax; TextWorld keeps `put`
-        grounding=GroundingRules(put_to_move=cfg.gameset.env == "alfworld")
-        if cfg.protocol.grounding
-        else GroundingRules.none(),
+        grounding=grounding_rules(cfg),
         max_steps=cfg.protocol.max_steps,
         count_thoughts=cfg.protocol.count_thoughts,
         decoding=cfg.models.action_decoding,

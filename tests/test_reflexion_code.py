@@ -151,7 +151,7 @@ def agent(max_steps: int = 49) -> ReActAgent:
         ActorSettings(
             generation=GenerationConfig(temperature=0.0, max_tokens=256, stop=("\n",)),
             evaluator=CodeEvaluator(exact=True),
-            grounding=GroundingRules(),  # the protocol applies none of them
+            grounding=GroundingRules.none(),  # what the runner gives this protocol by default
             max_steps=max_steps,
             protocol=code.CODE_PROTOCOL,
         )
@@ -283,3 +283,28 @@ def test_the_protocol_plays_the_code_arms_only_and_needs_every_task_type(generat
     )  # fmt: skip
     with pytest.raises(ConfigError, match="has no react_"):
         run(cfg)
+
+
+def test_put_becomes_move_only_when_asked():
+    from dataclasses import replace
+
+    from experiments.runner import grounding_rules
+
+    plain = grounding_rules(RunConfig.of(protocol="reflexion-code"))
+    assert plain == GroundingRules.none()
+    asked = grounding_rules(RunConfig.of(protocol="reflexion-code", code_put_to_move=True))
+    assert asked.put_to_move and not asked.lowercase and not asked.strip_prompt_marks
+    with pytest.raises(ConfigError, match="read only by --protocol reflexion-code"):
+        RunConfig.of(code_put_to_move=True)
+    moving = agent()
+    moving.settings = replace(moving.settings, grounding=asked)
+    ctx = _Ctx(
+        [" put pen 1 in/on drawer 1", " Put pen 1 in/on drawer 1", " Put pen 1 in/on drawer 1"]
+    )
+    asyncio.run(moving.play(ctx))
+    assert ctx.sent == [
+        "move pen 1 to drawer 1",
+        "Put pen 1 in/on drawer 1",
+        "Put pen 1 in/on drawer 1",
+    ]
+    assert "\n> move pen 1 to drawer 1\n" in ctx.requests[-1].prompt
