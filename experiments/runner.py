@@ -571,6 +571,11 @@ def code_prompts(cfg: RunConfig) -> CodePrompts | None:
     p = cfg.protocol
     if p.protocol != CODE_PROTOCOL:
         return None
+    if cfg.models.action_decoding != "free":
+        raise ConfigError(
+            f"--protocol {CODE_PROTOCOL} takes the model's text as the code does: "
+            f"--action-decoding free, not {cfg.models.action_decoding}"
+        )
     missing = [n for n in CODE_FILES if not getattr(p, n)]
     if missing:
         flags = ", ".join("--" + n.replace("_", "-") for n in missing)

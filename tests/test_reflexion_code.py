@@ -220,6 +220,8 @@ def test_the_protocol_needs_its_files_and_records_their_hashes(tmp_path):
     bad.write_text("no placeholders\n")
     with pytest.raises(ConfigError, match="no {trajectory} placeholder"):
         code_prompts(RunConfig.of(protocol="reflexion-code", **{**files(), "reflection_template": str(bad)}))  # fmt: skip
+    with pytest.raises(ConfigError, match="--action-decoding free"):
+        code_prompts(RunConfig.of(protocol="reflexion-code", action_decoding="nearest", **files()))
     hashes = prompt_file_hashes(RunConfig.of(protocol="reflexion-code", **files()))
     assert set(hashes) == {*files(), "layout"}
 
