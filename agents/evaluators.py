@@ -68,9 +68,18 @@ class PaperEvaluator:
 @dataclass(frozen=True)
 class CodeEvaluator:
     name: str = "code"
+    # the reflexion-code protocol: the exact action strings, the first compared with "" (the
+    # code's EnvironmentHistory starts with an empty last action)
+    exact: bool = False
 
     def check(self, steps: Sequence[Step]) -> Verdict | None:
-        if len(steps) >= 2 and _key(steps[-1]) == _key(steps[-2]):
+        if self.exact:
+            repeated = bool(steps) and steps[-1].action == (
+                steps[-2].action if len(steps) >= 2 else ""
+            )
+        else:
+            repeated = len(steps) >= 2 and _key(steps[-1]) == _key(steps[-2])
+        if repeated:
             return Verdict(
                 True,
                 f"the same action was emitted twice in a row: {steps[-1].action!r}",
@@ -94,7 +103,11 @@ class NoEvaluator:
 
 
 def make_evaluator(
-    name: str, count_thoughts: bool = True, max_actions: int = 30, max_repeats: int = 3
+    name: str,
+    count_thoughts: bool = True,
+    max_actions: int = 30,
+    max_repeats: int = 3,
+    exact: bool = False,
 ) -> Evaluator:
     """An evaluator by name; the paper's limits are its own settings, independent of the step
     cap (``--max-steps 50`` runs past 31 actions only with ``max_actions`` >= 50)."""
@@ -103,7 +116,7 @@ def make_evaluator(
             max_repeats=max_repeats, max_actions=max_actions, count_thoughts=count_thoughts
         )
     if name == "code":
-        return CodeEvaluator()
+        return CodeEvaluator(exact=exact)
     if name == "llm":
         return NoEvaluator()
     raise ValueError(f"unknown evaluator {name!r}: use paper, code or llm")

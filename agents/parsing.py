@@ -56,12 +56,18 @@ def parse_action(raw: str, rules: GroundingRules = GroundingRules()) -> ParsedAc
         line = line.lower()
         applied.append("lowercase")
     if rules.put_to_move:
-        m = _PUT.match(line)
-        if m:
-            line = f"move {m.group('obj')} to {m.group('recep')}"
+        moved = put_to_move(line)
+        if moved != line:
+            line = moved
             applied.append("put_to_move")
     line = " ".join(line.split())
     return ParsedAction(StepKind.ACT, text, line, tuple(applied))
+
+
+def put_to_move(action: str) -> str:
+    """ALFWorld < 0.4's ``put X in/on Y`` as 0.4's ``move X to Y``; any other action as it is."""
+    m = _PUT.match(action)
+    return f"move {m.group('obj')} to {m.group('recep')}" if m else action
 
 
 def was_mapped(raw_output: str, action: str) -> bool:

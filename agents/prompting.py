@@ -119,12 +119,13 @@ _FORMAT = "a JSON object of react_<type>_0 and react_<type>_1 transcripts (strin
 
 
 def load_original_prompts(
-    path: str | Path, task_types: Sequence[str] = ()
+    path: str | Path, task_types: Sequence[str] = (), verbatim: bool = False
 ) -> dict[str, tuple[str, str]]:
     """Read the original ReAct prompt-file format: a JSON of ``react_<type>_<k>`` transcripts.
 
     Returns, per task type, the two transcripts in the order the original Reflexion code used
-    (``_1`` then ``_0``). The transcripts are used verbatim. A file that cannot be used (missing,
+    (``_1`` then ``_0``): byte for byte with ``verbatim``, else without their leading and
+    trailing newlines (reflexsim's layout adds its own). A file that cannot be used (missing,
     a folder, not text, not JSON, not an object, a transcript that is not a string, no pair for
     one of ``task_types``) raises :class:`PromptFileError` naming the fix.
     """
@@ -155,7 +156,7 @@ def load_original_prompts(
                 f"{where}: {key} is a JSON {_json_kind(value)}, not a string: "
                 "each transcript is one string"
             )
-        found.setdefault(m.group(1), {})[int(m.group(2))] = value.strip("\n")
+        found.setdefault(m.group(1), {})[int(m.group(2))] = value if verbatim else value.strip("\n")
     out = {k: (v[1], v[0]) for k, v in found.items() if 0 in v and 1 in v}
     if not out:
         raise PromptFileError(f"{where} has no react_<type>_0/_1 pairs: it must be {_FORMAT}")
@@ -194,11 +195,13 @@ def actor_prefix(
     examples: Sequence[str],
     reflections: Sequence[Reflection] = (),
     facts: Sequence[ExplorationFact] = (),
+    instruction: str | None = None,
 ) -> str:
-    """Instruction, the examples, the memory block, then the task header."""
+    """Instruction (the packaged one unless given), the examples, the memory block, then the
+    task header."""
     body = "\n\n".join(e.strip("\n") for e in examples)
     return (
-        template("react_instruction")
+        (template("react_instruction") if instruction is None else instruction)
         + body
         + "\n\n"
         + memory_block(reflections, facts)
@@ -212,9 +215,14 @@ def actor_prompt(prefix: str, observation: str, history: Sequence[tuple[str, str
 
 
 def reflection_prompt(observation: str, history: Sequence[tuple[str, str]]) -> str:
-    return template("reflection").format(
-        examples=template("reflection_examples").strip("\n"),
-        transcript=render_transcript(observation, history),
+    """The reflection prompt; it ends where the model writes (the file's last newline dropped)."""
+    return (
+        template("reflection")
+        .format(
+            examples=template("reflection_examples").strip("\n"),
+            transcript=render_transcript(observation, history),
+        )
+        .removesuffix("\n")
     )
 
 

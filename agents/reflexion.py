@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agents import reflexion_code as code
 from agents.episode import ModelPort
 from agents.explore import extract_facts
 from agents.llm.base import GenerationConfig, Request
@@ -76,6 +77,19 @@ class ReflexionSettings:
     seed: int | None = 0
     reflection_format: str = "free"  # free | critique
     reflection_max_chars: int | None = None  # cap on the text kept (None: no cap)
+    protocol: str = "reflexsim"  # reflexsim | reflexion-code (agents.reflexion_code)
+    code_prompts: code.CodePrompts | None = None  # the user's files (reflexion-code)
+    instruction: str | None = None  # the actor's instruction text, when a file gave it
+
+    @property
+    def code_protocol(self) -> bool:
+        return self.protocol == code.CODE_PROTOCOL
+
+    def prompts(self) -> code.CodePrompts:
+        """The reflexion-code protocol's files (the runner loads them before the run)."""
+        if self.code_prompts is None:
+            raise ValueError("the reflexion-code protocol needs its prompt files")
+        return self.code_prompts
 
     @property
     def uses_memory(self) -> bool:
@@ -127,8 +141,12 @@ def prompt_prefix(
 ) -> str:
     """The actor's fixed prompt part for this arm: examples, then the memory the arm shows."""
     shown = reflections if settings.uses_memory else ()
+    if settings.code_protocol:
+        return code.actor_prefix(settings.prompts(), task_type, [r.text for r in shown])
     seen = facts if settings.arm == "reflexion+explore" else ()
-    return actor_prefix(example_texts(task_type, settings.prompts_file), shown, seen)
+    return actor_prefix(
+        example_texts(task_type, settings.prompts_file), shown, seen, settings.instruction
+    )
 
 
 def cap_text(text: str, max_chars: int | None) -> tuple[str, int | None]:
@@ -184,8 +202,14 @@ async def reflect(
     observation: str,
     steps: Sequence[Step],
     walkthrough: Sequence[str] | None = None,
+    past: Sequence[Reflection] = (),
+    summary: code.TrialSummary | None = None,
 ) -> Reflected:
     """A self-reflection on a failed episode, in the settings' format and length cap.
+
+    In the ``reflexion-code`` protocol the prompt is the paper's code's (``past``: the window of
+    this task's earlier reflections; ``summary``: the trial's counts, for the run's last game),
+    nothing stops the text but ``reflect_max_tokens``, and the text is kept as the model wrote it.
 
     ``walkthrough`` (the game's, if known) goes only into the request's side channel, for
     scripted policies. Greedy, at most ``reflect_max_tokens`` tokens. Raises the backend's error
@@ -193,13 +217,18 @@ async def reflect(
     request carries no decoding constraint: the request interface has none for JSON yet, so the
     schema is checked after the fact.
     """
-    critique = settings.reflection_format == "critique"
+    critique = settings.reflection_format == "critique" and not settings.code_protocol
     history = transcript_pairs(steps)
-    if critique:
+    if settings.code_protocol:
+        pairs = [(s.action, s.observation) for s in steps]
+        window = [r.text for r in past]
+        prompt = code.reflection_prompt(settings.prompts(), observation, pairs, window, summary)
+        stop: tuple[str, ...] = ()
+    elif critique:
         prompt = template("reflection_critique").format(
             transcript=render_transcript(observation, history)
         )
-        stop: tuple[str, ...] = ("\n\n",)
+        stop = ("\n\n",)
     else:
         prompt = reflection_prompt(observation, history)
         stop = REFLECTION_STOPS
@@ -221,6 +250,8 @@ async def reflect(
     completion = await model.generate(request)
     raw = completion.text.strip()
     text, error = raw or NO_REFLECTION, None
+    if settings.code_protocol:
+        text = completion.text  # the code keeps it as it is (stripped only where it is shown)
     if critique:
         parsed, error = parse_critique(raw)
         if parsed is not None:

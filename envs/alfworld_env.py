@@ -55,10 +55,13 @@ DEFAULT_RESET_CACHE = 8
 
 
 def strip_banner(feedback: str) -> str:
-    """Drop everything up to the first blank line, as both original codes do."""
+    """The reset text as both original codes take it: ``'\\n'.join(ob.split('\\n\\n')[1:])``.
+
+    The banner paragraph goes, and the paragraphs left are joined by one newline (not a blank
+    line): "You are in the middle of a room. ...\\nYour task is to: ...". A text without the
+    banner is left as it is."""
     if feedback.lstrip().startswith("-="):
-        _, _, rest = feedback.partition("\n\n")
-        return rest
+        return "\n".join(feedback.split("\n\n")[1:])
     return feedback
 
 

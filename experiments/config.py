@@ -36,6 +36,7 @@ ARMS = (
 LATS_VALUES = ("llm", "sc", "heuristic", "oracle")
 REFLECTION_FORMATS = ("free", "critique")
 EVALUATORS = ("paper", "code", "llm")
+PROTOCOLS = ("reflexsim", "reflexion-code")
 ENVS = ("alfworld", "textworld")
 SPLITS = ("train", "eval_in_distribution", "eval_out_of_distribution")
 
@@ -143,11 +144,57 @@ class ProtocolConfig:
     count_thoughts: bool = option(
         True, "thoughts use up the step budget and the evaluator's action count (originals: yes)"
     )
-    grounding: bool = option(True, "rewrite put X in/on Y to move X to Y (ALFWorld 0.4 syntax)")
+    grounding: bool = option(
+        True,
+        "rewrite the action: lowercase it, strip a leading '>', and put X in/on Y to move X to Y "
+        "(ALFWorld 0.4 syntax); the reflexion-code protocol never rewrites",
+    )
     prompts: str | None = option(
         None, "an original ReAct prompt file (JSON of react_<type>_<k> transcripts)"
     )
+    protocol: str = option(
+        "reflexsim",
+        "prompt layout and action handling: reflexsim (this project's own) or reflexion-code "
+        "(what the paper's code sends, byte for byte; needs --prompts, --instruction-file, "
+        "--reflection-template and --reflection-examples)",
+        choices=PROTOCOLS,
+    )
+    instruction_file: str | None = option(
+        None,
+        "a file whose text (its newline included) is the actor's instruction, put before the "
+        "two examples; without it, the packaged instruction",
+    )
+    reflection_template: str | None = option(
+        None,
+        "reflexion-code: the reflection prompt template, with {examples}, {trajectory} and "
+        "{past_plans} (its last newline is dropped)",
+    )
+    reflection_examples: str | None = option(
+        None, "reflexion-code: the reflection's few-shot examples file, put in verbatim"
+    )
+    code_put_to_move: bool = option(
+        False,
+        "reflexion-code: send put X in/on Y to the env as move X to Y (ALFWorld 0.4 syntax; "
+        "the prompt shows what was sent); off, as in the code",
+    )
     seed: int = option(0, "run seed (sampling, generated games)")
+
+    def __post_init__(self) -> None:
+        if self.protocol == PROTOCOLS[1] and self.agent not in ("react", "reflexion"):
+            raise ConfigError(
+                f"--protocol {PROTOCOLS[1]} plays the paper code's arms only: --agent react or "
+                f"reflexion, not {self.agent}"
+            )
+        if self.protocol != PROTOCOLS[1]:
+            given = [
+                n
+                for n in ("reflection_template", "reflection_examples", "code_put_to_move")
+                if getattr(self, n)
+            ]
+            if given:
+                raise ConfigError(
+                    f"--{given[0].replace('_', '-')} is read only by --protocol reflexion-code"
+                )
 
 
 @dataclass(frozen=True)

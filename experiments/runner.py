@@ -13,7 +13,7 @@ import platform
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Protocol
@@ -25,9 +25,10 @@ from agents.llm import make_backend
 from agents.llm.base import Backend, GenerationConfig
 from agents.parsing import GroundingRules
 from agents.plan_execute import PlanExecuteAgent, PlanSettings
-from agents.prompting import PromptFileError, load_original_prompts, template_hashes
+from agents.prompting import PromptFileError, load_original_prompts, sha256, template_hashes
 from agents.react import ActorSettings, ReActAgent
 from agents.reflexion import MEMORY_ARMS, ReflexionSettings
+from agents.reflexion_code import CODE_PROTOCOL, CodePrompts, layout_text
 from envs.aio import AsyncEnvPool
 from experiments.config import (
     RESUMABLE_KEYS,
@@ -201,6 +202,8 @@ def build_manifest(
         "games": {g: _file_hash(p) for g, p in sorted(games.files.items())},
         "prompt_templates": template_hashes(),
         "prompts_file": _file_hash(Path(cfg.protocol.prompts)) if cfg.protocol.prompts else None,
+        "protocol": cfg.protocol.protocol,
+        "prompt_files": prompt_file_hashes(cfg),
         "actor": describe(actor),
         "reflector": describe(reflector),
         "generation": generation_config(cfg).__dict__,
@@ -227,6 +230,8 @@ def manifest_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     for key in ("games", "prompt_templates", "prompts_file", "action_syntax"):
         if old.get(key) != new.get(key):
             diffs.append(f"{key} changed")
+    if old.get("prompt_files", {}) != new.get("prompt_files", {}):  # older manifests lack it
+        diffs.append("prompt_files changed")
     return diffs
 
 
@@ -421,7 +426,9 @@ def prepare(
 
         import_ray()  # --ray without the extra is a one-line error, here as anywhere
     games = select_games(cfg)
-    check_prompts_file(cfg, games)
+    check_prompts_file(cfg, games)  # the prompt files: one-line errors before anything
+    _instruction(cfg)
+    code_prompts(cfg)
     if resume:
         run_dir = Path(resume)
     elif cfg.execution.run_dir:
@@ -659,8 +666,58 @@ def _record_end(store: RunStore, wall_s: float, ended: dict[str, Any], stopped: 
     store.log_event("end", json.dumps(ended))
 
 
+CODE_FILES = ("prompts", "instruction_file", "reflection_template", "reflection_examples")
+
+
+def code_prompts(cfg: RunConfig) -> CodePrompts | None:
+    """The user's files of the reflexion-code protocol (None in reflexsim's own)."""
+    p = cfg.protocol
+    if p.protocol != CODE_PROTOCOL:
+        return None
+    if cfg.models.action_decoding != "free":
+        raise ConfigError(
+            f"--protocol {CODE_PROTOCOL} takes the model's text as the code does: "
+            f"--action-decoding free, not {cfg.models.action_decoding}"
+        )
+    missing = [n for n in CODE_FILES if not getattr(p, n)]
+    if missing:
+        flags = ", ".join("--" + n.replace("_", "-") for n in missing)
+        raise ConfigError(f"--protocol {CODE_PROTOCOL} needs the wording files: {flags}")
+    assert p.prompts and p.instruction_file and p.reflection_template and p.reflection_examples
+    try:
+        return CodePrompts.load(
+            p.prompts, p.instruction_file, p.reflection_template, p.reflection_examples
+        )
+    except PromptFileError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def prompt_file_hashes(cfg: RunConfig) -> dict[str, str]:
+    """sha256 of every prompt file the user gave (and of the protocol's layout file)."""
+    p = cfg.protocol
+    out = {n: _file_hash(Path(getattr(p, n))) for n in CODE_FILES if getattr(p, n)}
+    if p.protocol == CODE_PROTOCOL:
+        out["layout"] = sha256(layout_text())
+    return out
+
+
+def _instruction(cfg: RunConfig) -> str | None:
+    path = cfg.protocol.instruction_file
+    if path is None:
+        return None
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(
+            f"cannot read the instruction file {path!r}: {exc.__class__.__name__}"
+        ) from None
+
+
 def reflexion_settings(cfg: RunConfig) -> ReflexionSettings:
     return ReflexionSettings(
+        protocol=cfg.protocol.protocol,
+        code_prompts=code_prompts(cfg),
+        instruction=_instruction(cfg),
         arm=cfg.protocol.agent,
         memory_size=cfg.protocol.memory_size,
         reflect_model=cfg.models.reflector,
@@ -732,6 +789,16 @@ def _extra_backends(cfg: RunConfig) -> dict[str, Backend]:
     return out
 
 
+def grounding_rules(cfg: RunConfig) -> GroundingRules:
+    """The rewrites of the model's action: none in the reflexion-code protocol but the one it is
+    asked for; put X in/on Y -> move X to Y is ALFWorld 0.4's syntax (TextWorld keeps `put`)."""
+    if cfg.protocol.protocol == CODE_PROTOCOL:
+        return replace(GroundingRules.none(), put_to_move=cfg.protocol.code_put_to_move)
+    if cfg.protocol.grounding:
+        return GroundingRules(put_to_move=cfg.gameset.env == "alfworld")
+    return GroundingRules.none()
+
+
 def actor_settings(cfg: RunConfig) -> ActorSettings:
     return ActorSettings(
         generation=generation_config(cfg),
@@ -740,14 +807,13 @@ def actor_settings(cfg: RunConfig) -> ActorSettings:
             count_thoughts=cfg.protocol.count_thoughts,
             max_actions=cfg.evaluation.max_actions,
             max_repeats=cfg.evaluation.max_repeats,
+            exact=cfg.protocol.protocol == CODE_PROTOCOL,
         ),
-        # put X in/on Y -> move X to Y is ALFWorld 0.4's syntax; TextWorld keeps `put`
-        grounding=GroundingRules(put_to_move=cfg.gameset.env == "alfworld")
-        if cfg.protocol.grounding
-        else GroundingRules.none(),
+        grounding=grounding_rules(cfg),
         max_steps=cfg.protocol.max_steps,
         count_thoughts=cfg.protocol.count_thoughts,
         decoding=cfg.models.action_decoding,
+        protocol=cfg.protocol.protocol,
     )
 
 

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from agents import reflexion
+from agents import reflexion_code as code
 from agents.episode import Agent, EpisodeSpec, episode_seed
 from agents.llm.base import BackendError, Completion, Request
 from agents.reflexion import ReflexionSettings
@@ -93,12 +94,15 @@ class TrialLoop:
         self.on_task_done = on_task_done
         self.escalation = escalation
         self._at: dict[str, float] = {}  # each task's current trial (inf when done)
+        self._tasks: list[Task] = []
+        self._moved = asyncio.Event()  # a task finished an episode or moved on
         self._open_trials: set[int] = set()
 
     async def run(self, tasks: Sequence[Task]) -> str | None:
         """All tasks' trials; None when complete, or why the run stopped early. Each task that
         ends records why (``task_ends``), so the store says whether the run is complete."""
         self.store.reopen_tasks()
+        self._tasks = list(tasks)
         for t in tasks:
             self._at[t.game] = 0
         chains = [asyncio.ensure_future(self._chain(t)) for t in tasks]
@@ -184,6 +188,7 @@ class TrialLoop:
             raise _TaskHalted(f"{task.game} trial {trial}: infrastructure error")
         done = store.episode(spec.episode_id)
         assert done is not None
+        self._moved.set()
         return done
 
     def _stop(self, task: Task, trial: int, row: EpisodeRow) -> str | None:
@@ -270,8 +275,10 @@ class TrialLoop:
         (``epm``: keep its trimmed trajectory instead)."""
         row = await self._judge(task, trial, row)
         settings = self.plan.reflexion
-        if not settings.uses_memory or trial >= self.plan.trials - 1:
-            return  # a reflection after the last trial would never be read
+        if not settings.uses_memory:
+            return
+        if trial >= self.plan.trials - 1 and not settings.code_protocol:
+            return  # a reflection after the last trial would never be read (the code writes it)
         if self.plan.llm_judge and row.judge_verdict == "success":
             return  # the self-evaluation arm reflects only when its judge saw a failure
         if any(r.trial == trial for r in self.store.reflections(task.game)):
@@ -284,6 +291,14 @@ class TrialLoop:
             self.store.add_reflection_note(note)
             self.store.add_reflection(item)
             return
+        past: list[Reflection] = []
+        summary = None
+        if settings.code_protocol:
+            past = reflexion.visible_reflections(
+                self.store.reflections(task.game), task.game, trial, settings.memory_size
+            )
+            if self._tasks and task == self._tasks[-1]:
+                summary = await self._trial_summary(trial)
         try:
             made = await reflexion.reflect(
                 _TaskModel(self.engine, task.game, trial),
@@ -294,6 +309,8 @@ class TrialLoop:
                 observation=row.observation,
                 steps=steps,
                 walkthrough=self.walkthrough(task.game),
+                past=past,
+                summary=summary,
             )
         except BackendError as exc:
             raise _TaskHalted(f"{task.game} trial {trial}: reflection failed: {exc}") from exc
@@ -320,10 +337,35 @@ class TrialLoop:
         assert fresh is not None
         return fresh
 
+    async def _trial_summary(self, trial: int) -> code.TrialSummary:
+        """The counts the paper's code appends to its trial log, which its log split hands to the
+        reflection of the run's last game: waits until every task's trial ``trial`` is played."""
+        while True:
+            rows = {(e.game, e.trial): e for e in self.store.episodes()}
+            settled = all(
+                self._at[t.game] > trial
+                or (
+                    (row := rows.get((t.game, trial))) is not None
+                    and row.status == EpisodeStatus.DONE.value
+                )
+                for t in self._tasks
+            )
+            if settled or self.engine.stopped is not None:
+                break
+            self._moved.clear()
+            await self._moved.wait()
+        won = {(e.game, e.trial) for e in rows.values() if e.won and e.trial <= trial}
+        return code.TrialSummary(
+            successes=len({g for g, _ in won}),
+            additional=sum(1 for _, k in won if k == trial),
+            total=len(self._tasks),
+        )
+
     # -- trial bookkeeping ------------------------------------------------------------------------
     def _advance(self, task: Task, trial: float) -> None:
         """Task ``task`` is now at ``trial``; close every trial no task can still join."""
         self._at[task.game] = trial
+        self._moved.set()
         if trial != float("inf"):
             self._open_trials.add(int(trial))
         if self.engine.stopped is not None:

@@ -116,7 +116,7 @@ def test_reset_observation_and_info(data: Path, small_games: list[str]) -> None:
     game_id = small_games[0]
     obs, info = env.reset(options={"game": game_id})
     assert obs.startswith("You are in the middle of a room")
-    assert "\n\nYour task is to: " in obs
+    assert "\nYour task is to: " in obs and "\n\n" not in obs  # as '\n'.join(ob.split('\n\n')[1:])
     assert "Welcome" not in obs and "-=" not in obs
     assert env.observation_space.contains(obs)
     assert info["task"] and obs.endswith("Your task is to: " + info["task"])

@@ -27,7 +27,7 @@ UPDATE = os.environ.get("REFLEXSIM_UPDATE_GOLDEN") == "1"
 
 # A made-up current game per task type (not an evaluation game): its first observation and a
 # short history.
-OBS = "You are in the middle of a room. Looking quickly around you, you see a cabinet 1, a countertop 1, a desk 1, a drawer 1, a fridge 1, a microwave 1, a shelf 1, and a sinkbasin 1.\n\nYour task is to: {task}"
+OBS = "You are in the middle of a room. Looking quickly around you, you see a cabinet 1, a countertop 1, a desk 1, a drawer 1, a fridge 1, a microwave 1, a shelf 1, and a sinkbasin 1.\nYour task is to: {task}"
 TASKS = {
     "put": "put a pen in drawer.",
     "clean": "clean some cloth and put it in cabinet.",

@@ -1,0 +1,243 @@
+"""The ``reflexion-code`` protocol: the prompts and action handling of the paper's code, exactly.
+
+The Reflexion paper's ALFWorld code (noahshinn/reflexion, ``alfworld_runs/``) lays its prompts
+out by a handful of string rules; this module applies the same rules to the wording the user
+gives (nothing of the original wording ships here):
+
+- actor prompt: the instruction file verbatim, then the examples ``react_<type>_1`` and
+  ``react_<type>_0`` of the prompt file verbatim (no separator), then the memory block (only when
+  there is memory: the last Ω reflections, numbered by position ``0, 1, 2``, each stripped), then
+  the task header and the first observation; each step appends ``"\\n> action"`` and
+  ``"\\nobservation"``, and the prompt is that text with ``">"`` appended (so after the first
+  step it ends ``"observation>"``);
+- the action is the model's text stripped of surrounding space, nothing else; an output shorter
+  than 5 characters (stripped) is asked again at temperature +0.2 per try, six tries in all, then
+  the empty action is played; every action reaches the env, and one that starts with ``think:``
+  is then shown with the observation ``OK.``; ``You arrive at loc N. `` is cut from observations;
+- the episode ends when the env says won, when an action equals the one before it (the first
+  compares with ``""``: the ``code`` evaluator's exact mode), or after the step cap;
+- reflection prompt: the user's template with ``{examples}`` (the examples file verbatim),
+  ``{trajectory}`` (the failed episode as the code's trial log holds it, from the first
+  observation through ``STATUS: FAIL``; for the last game of the run the log's trial summary
+  follows, as the code's log split leaves it) and ``{past_plans}`` (the last Ω earlier
+  reflections, unstripped, numbered by position); the reflection is kept as the model wrote it.
+
+The joins themselves live in ``agents/prompts/reflexion_code_layout.json``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from agents.prompting import PromptFileError, load_original_prompts
+
+CODE_PROTOCOL = "reflexion-code"  # the --protocol value (experiments.config.PROTOCOLS)
+SHORT_OUTPUT = 5  # an output shorter than this (stripped) is asked again
+TRIES = 6  # tries in all before the empty action is played
+TEMPERATURE_STEP = 0.2  # added per try (the code: ``cur_try * 0.2``)
+LAYOUT_FILE = "reflexion_code_layout.json"
+
+
+@cache
+def layout() -> dict[str, str]:
+    """The protocol's joins (package data)."""
+    raw = resources.files("agents.prompts").joinpath(LAYOUT_FILE).read_text()
+    return {k: v for k, v in json.loads(raw).items() if not k.startswith("_")}
+
+
+def layout_text() -> str:
+    return resources.files("agents.prompts").joinpath(LAYOUT_FILE).read_text()
+
+
+def _read(path: str | Path, role: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PromptFileError(
+            f"cannot read the {role} {str(path)!r}: {exc.__class__.__name__}"
+        ) from None
+
+
+@dataclass(frozen=True)
+class CodePrompts:
+    """The user's wording for the protocol: four files, read once."""
+
+    examples: dict[str, tuple[str, str]]
+    instruction: str  # verbatim, its newline included
+    reflection_template: str  # its last newline dropped
+    reflection_examples: str  # verbatim
+    paths: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def load(
+        cls,
+        prompts: str | Path,
+        instruction: str | Path,
+        reflection_template: str | Path,
+        reflection_examples: str | Path,
+    ) -> CodePrompts:
+        template = _read(reflection_template, "reflection template")
+        if template.endswith("\n"):
+            template = template[:-1]
+        for name in ("{trajectory}", "{examples}"):
+            if name not in template:
+                raise PromptFileError(
+                    f"reflection template {str(reflection_template)!r} has no {name} placeholder"
+                )
+        try:
+            template.format(trajectory="", examples="", past_plans="")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise PromptFileError(
+                f"reflection template {str(reflection_template)!r}: bad placeholder {exc}"
+                " (only {examples}, {trajectory}, {past_plans}; write {{ and }} for braces)"
+            ) from None
+        paths = {
+            "prompts": str(prompts),
+            "instruction": str(instruction),
+            "reflection_template": str(reflection_template),
+            "reflection_examples": str(reflection_examples),
+        }
+        return cls(
+            examples=load_original_prompts(prompts, verbatim=True),
+            instruction=_read(instruction, "instruction file"),
+            reflection_template=template,
+            reflection_examples=_read(reflection_examples, "reflection examples file"),
+            paths=paths,
+        )
+
+    def pair(self, task_type: str) -> tuple[str, str]:
+        try:
+            return self.examples[task_type]
+        except KeyError:
+            raise PromptFileError(
+                f"prompt file {self.paths.get('prompts', '')!r} has no react_{task_type}_0/_1"
+            ) from None
+
+
+# -- the actor -------------------------------------------------------------------------------------
+def actor_prefix(prompts: CodePrompts, task_type: str, memory: Sequence[str]) -> str:
+    """Everything before the first observation: instruction, examples, memory, task header.
+    ``memory`` is the window already cut to the last Ω reflections, oldest first."""
+    second, first = prompts.pair(task_type)
+    lay = layout()
+    text = prompts.instruction + second + first
+    if memory:
+        text += lay["memory_header"]
+        for i, m in enumerate(memory):
+            text += lay["memory_item"].format(index=i, text=m.strip())
+    return text + lay["task_header"]
+
+
+def history_text(observation: str, pairs: Sequence[tuple[str, str]]) -> str:
+    """The first observation and the steps as the code's ``EnvironmentHistory`` prints them
+    after its query (the prefix)."""
+    lay = layout()
+    items: list[str] = []
+    for action, obs in pairs:
+        items.append(lay["action_line"].format(action=action))
+        items.append(obs)
+    return observation + lay["history_start"] + lay["history_join"].join(items)
+
+
+def actor_prompt(prefix: str, observation: str, pairs: Sequence[tuple[str, str]]) -> str:
+    return prefix + history_text(observation, pairs) + layout()["prompt_end"]
+
+
+def step_observation(observation: str) -> str:
+    """The code's ``process_ob``: ``You arrive at loc N. `` is cut (ALFWorld < 0.4 said it)."""
+    prefix = layout()["arrive_loc_prefix"]
+    if observation.startswith(prefix):
+        return observation[observation.find(". ") + 2 :]
+    return observation
+
+
+def is_short(text: str) -> bool:
+    return len(text.strip()) < SHORT_OUTPUT
+
+
+def cut_at_stop(text: str, stop: Sequence[str]) -> str:
+    """The text before the first stop string (an API leaves the stop string out)."""
+    cut = len(text)
+    for s in stop:
+        if s:
+            i = text.find(s)
+            if 0 <= i < cut:
+                cut = i
+    return text[:cut]
+
+
+def try_temperature(base: float, attempt: int) -> float:
+    """The temperature of try ``attempt`` (0-based): the code's ``cur_try * 0.2`` above base."""
+    return base + attempt * TEMPERATURE_STEP
+
+
+def is_thought(action: str) -> bool:
+    return action.startswith(layout()["thought_prefix"])
+
+
+def thought_observation() -> str:
+    return layout()["thought_observation"]
+
+
+# -- the reflection --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TrialSummary:
+    """The counts the code's trial log ends with (cumulative successes after the trial)."""
+
+    successes: int
+    additional: int
+    total: int
+
+    def text(self) -> str:
+        accuracy: Any = round(self.successes / self.total, 2) if self.total else 0.0
+        return layout()["trial_summary"].format(
+            successes=self.successes,
+            additional=self.additional,
+            failures=self.total - self.successes,
+            total=self.total,
+            accuracy=accuracy,
+        )
+
+
+def trajectory(
+    observation: str, pairs: Sequence[tuple[str, str]], summary: TrialSummary | None = None
+) -> str:
+    """A failed episode as the code's reflection reads it from its trial log: the text after the
+    last task header, through the status line (and, for the run's last game, the trial summary),
+    stripped."""
+    lay = layout()
+    log = lay["task_header"] + history_text(observation, pairs)
+    log += lay["status"].format(status=lay["status_fail"])
+    if summary is not None:
+        log += lay["log_end"] + summary.text()
+    marker = lay["task_header"].strip()
+    return log.split(marker)[-1].strip()
+
+
+def past_plans(memory: Sequence[str]) -> str:
+    lay = layout()
+    if not memory:
+        return ""
+    items = "".join(lay["past_plan_item"].format(index=i, text=m) for i, m in enumerate(memory))
+    return lay["past_plans_header"] + items
+
+
+def reflection_prompt(
+    prompts: CodePrompts,
+    observation: str,
+    pairs: Sequence[tuple[str, str]],
+    memory: Sequence[str] = (),
+    summary: TrialSummary | None = None,
+) -> str:
+    """The reflection prompt; ``memory`` is the window of earlier reflections (last Ω)."""
+    return prompts.reflection_template.format(
+        examples=prompts.reflection_examples,
+        trajectory=trajectory(observation, pairs, summary),
+        past_plans=past_plans(memory),
+    )
