@@ -6,13 +6,14 @@ The only place that reads argv and turns errors into exit codes.
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from experiments.errors import is_disk_full
 
 # Exit codes (README "Exit codes"): 0 finished (complete, or stopped by its budget/deadline);
 # 1 a preset job failed; 2 bad input or an unusable run directory; 3 finished, but tasks were
@@ -386,7 +387,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from experiments.terminal import escape_controls
 
             message = escape_controls(str(exc))
-            if _disk_full(exc):
+            if is_disk_full(exc):
                 message = f"the disk is full ({message}): free space, then run it again"
             print(f"reflexsim: error: {message}", file=sys.stderr)
             return USAGE_ERROR
@@ -441,16 +442,12 @@ def _stdout_closed() -> int:
     return BROKEN_PIPE
 
 
-def _disk_full(exc: BaseException) -> bool:
-    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
-
-
 def _is_user_error(exc: BaseException) -> bool:
     from agents.llm.base import MissingDependencyError, SpecError
     from envs.errors import EnvError
     from experiments.errors import ConfigError, RunStoreError
 
-    if _disk_full(exc):
+    if is_disk_full(exc):
         return True  # writing a report, config.yaml, an export (the store says so itself)
     return isinstance(
         exc, EnvError | ConfigError | RunStoreError | SpecError | MissingDependencyError

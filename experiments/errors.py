@@ -1,5 +1,7 @@
 """Errors of the experiment layer; the CLI turns each into one line and exit code 2."""
 
+import errno
+
 
 class ConfigError(ValueError):
     """A bad flag, config key or value; the message names the fix."""
@@ -22,3 +24,8 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM (a scheduler's preemption, ``kill``): handled like Ctrl-C, with its own exit code."""
 
     exit_code = 143
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """An OSError of a full disk or quota (the CLI says so in one line; free space, run again)."""
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)

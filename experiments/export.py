@@ -9,7 +9,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from experiments.errors import ConfigError
+from experiments.errors import ConfigError, is_disk_full
 from experiments.store import open_reader
 
 
@@ -49,7 +49,9 @@ def export(run_dir: Path, fmt: str, out_dir: Path | None = None) -> list[Path]:
     return paths
 
 
-def _unwritable(out: Path, exc: OSError) -> ConfigError:
+def _unwritable(out: Path, exc: OSError) -> Exception:
+    if is_disk_full(exc):
+        return exc  # the CLI's one line for a full disk: free space, then run it again
     return ConfigError(
         f"cannot write the export to {str(out)!r} ({exc.strerror or exc}): "
         "pass a writable folder as --out"

@@ -36,3 +36,9 @@ class QuietFileHandler(logging.FileHandler):
     def emit(self, record: logging.LogRecord) -> None:
         if not self.failed:
             super().emit(record)
+
+    def close(self) -> None:
+        try:
+            super().close()  # the file is closed even when its last flush fails
+        except OSError:
+            self.failed = True  # what the full disk kept out of the log is lost, not the run
