@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from agents.episode import EnvReply, EpisodeContext, EpisodeEnd
 from agents.evaluators import count_actions
-from agents.llm.base import Completion, GenerationConfig, Request
+from agents.llm.base import CallSite, Completion, GenerationConfig, Request
 from agents.parsing import ParsedAction
 from agents.prompting import example_texts, render_transcript, template, transcript_pairs
 from agents.react import NOTHING_HAPPENS, THOUGHT_OBSERVATION, ActorSettings, ReActAgent, make_step
@@ -185,15 +185,15 @@ class PlanExecuteAgent:
             ),
             prompt=prompt,
             purpose="plan",
-            side={
-                "game": spec.game,
-                "trial": spec.trial,
-                "step": len(steps),
-                "replan": signal is not None,
-                "walkthrough": state.info.get("walkthrough"),
-                "admissible": list(state.admissible),
-                "history": [a for a, _ in history],
-            },
+            site=CallSite(
+                episode=spec.episode_id,
+                game=spec.game,
+                trial=spec.trial,
+                step=len(steps),
+                history=tuple(a for a, _ in history),
+                admissible=tuple(state.admissible),
+                replan=signal is not None,
+            ),
         )  # fmt: skip
         completion: Completion = await ctx.generate(request)
         items = parse_plan(completion.text, self.settings.max_plan_steps)

@@ -12,8 +12,8 @@ selects it, because restoring a node costs a reset and a replay of its path.
   actions that can reveal new facts (going somewhere not yet visited, opening something not yet
   opened) are rewarded.
 - ``oracle``: privileged, for upper-bound experiments and model-free tests, never a default.
-  The distance to the goal from the game's walkthrough (``info["walkthrough"]``, a plan from the
-  initial state): walking the path, successful actions that match the next walkthrough action
+  The distance to the goal from the game's walkthrough (a plan from the initial state, read
+  through the ground-truth port, :mod:`agents.llm.ground_truth`): walking the path, successful actions that match the next walkthrough action
   advance along it; moves, looks, examines, and opening or closing receptacles the rest of the
   walkthrough does not use change nothing; any other successful action leaves the set of states
   the walkthrough still solves (value 0). The distance is the walkthrough's remaining length,
@@ -28,12 +28,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from agents.episode import EnvReply, ModelPort
-from agents.llm.base import GenerationConfig, Request
+from agents.llm.base import CallSite, GenerationConfig, Request
+from agents.llm.ground_truth import NO_GROUND_TRUTH, GroundTruth
 from agents.prompting import render_transcript, template, transcript_pairs
 from memory.records import Step, StepKind
 
@@ -67,7 +68,7 @@ class NodeView:
     game: str = ""
     trial: int = 0
     seed: int | None = 0
-    side: Mapping[str, Any] = field(default_factory=dict)
+    site: CallSite = field(default_factory=CallSite)  # the expansion request's
 
 
 class ValueFunction(Protocol):
@@ -115,7 +116,7 @@ class LlmValue:
             ),
             prompt=prompt,
             purpose="value",
-            side={**node.side, "candidate": candidate.action},
+            site=replace(node.site, candidate=candidate.action),
         )
         completion = await model.generate(request)
         return parse_rating(completion.text)
@@ -162,12 +163,13 @@ class Heuristic:
 
 @dataclass(frozen=True)
 class Oracle:
+    ground_truth: GroundTruth = NO_GROUND_TRUTH
     name: str = "oracle"
 
     async def score(
         self, model: ModelPort, node: NodeView, candidates: Sequence[Candidate]
     ) -> list[float]:
-        walkthrough = node.state.info.get("walkthrough")
+        walkthrough = self.ground_truth.walkthrough(node.game)
         if not walkthrough:
             log.warning("oracle value: game %s has no walkthrough; every candidate scores 0.5",
                         node.game)  # fmt: skip
@@ -231,8 +233,9 @@ def oracle_distance(walkthrough: Sequence[str], path: Sequence[tuple[str, bool]]
     return len(walkthrough) - j + repair
 
 
-def make_value(name: str) -> ValueFunction:
-    """A value function by name (``llm``, ``sc``, ``heuristic``, ``oracle``)."""
+def make_value(name: str, ground_truth: GroundTruth = NO_GROUND_TRUTH) -> ValueFunction:
+    """A value function by name (``llm``, ``sc``, ``heuristic``, ``oracle``); only ``oracle``
+    reads ``ground_truth``."""
     if name == "llm":
         return LlmValue()
     if name == "sc":
@@ -240,5 +243,5 @@ def make_value(name: str) -> ValueFunction:
     if name == "heuristic":
         return Heuristic()
     if name == "oracle":
-        return Oracle()
+        return Oracle(ground_truth)
     raise ValueError(f"unknown value function {name!r}: use one of {', '.join(VALUES)}")

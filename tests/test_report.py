@@ -334,7 +334,7 @@ class _Recorder:
     def generate(self, requests):
         for r in requests:
             if r.purpose == "act":
-                self.prompts[(r.side["game"], r.side["trial"], r.side["step"])] = r.prompt
+                self.prompts[(r.site.game, r.site.trial, r.site.step)] = r.prompt
         return self.inner.generate(requests)
 
     def close(self) -> None:
