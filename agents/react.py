@@ -201,13 +201,13 @@ class ReActAgent:
 
     def parse(self, text: str, admissible: Sequence[str]) -> ParsedAction:
         """The model's text as a step; with ``nearest`` decoding an action that is not admissible
-        is replaced by the most similar admissible command (``agents.grounding``)."""
+        is replaced by the most similar admissible command (``agents.llm.grounding``)."""
         parsed = parse_action(text, self.settings.grounding)
         if self.settings.decoding != "nearest" or parsed.kind == StepKind.THINK:
             return parsed
         if parsed.kind == StepKind.ACT and parsed.action in admissible:
             return parsed
-        from agents.grounding import nearest_action
+        from agents.llm.grounding import nearest_action
 
         mapped = nearest_action(parsed.action or text, admissible)
         again = parse_action(mapped, GroundingRules.none())

@@ -11,7 +11,7 @@ import pytest
 
 from agents.llm import BackendError, CallSite, GenerationConfig, Request, SpecError, make_backend
 from agents.llm.ground_truth import Walkthroughs
-from agents.markers import MEMORY_MARKER
+from agents.llm.markers import MEMORY_MARKER
 
 GAME = "pick_clean/trial_1"
 WALKTHROUGH = [

@@ -12,7 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents.grounding import (
+from agents.llm import CallSite, GenerationConfig, Request, SpecError, make_backend
+from agents.llm.base import ActionConstraint, BackendError
+from agents.llm.common import check_grounding
+from agents.llm.ground_truth import Walkthroughs
+from agents.llm.grounding import (
     THINK,
     TokenGrammar,
     command_features,
@@ -23,10 +27,6 @@ from agents.grounding import (
     similarity,
     viable_prefix,
 )
-from agents.llm import CallSite, GenerationConfig, Request, SpecError, make_backend
-from agents.llm.base import ActionConstraint, BackendError
-from agents.llm.common import check_grounding
-from agents.llm.ground_truth import Walkthroughs
 from tests.fault_server import FaultServer
 
 ACTIONS = (

@@ -140,6 +140,19 @@ def test_no_import_cycles_between_modules() -> None:
     assert cycles(graph(import_time=False)) == []
 
 
+def test_model_backends_import_no_agent() -> None:
+    """agents.llm is the layer below the agents: none of its modules imports an agents module
+    outside agents.llm (lazy imports included)."""
+    outside = {
+        module: sorted(t for t in targets if t.startswith("agents.") and
+                       not t.startswith("agents.llm"))
+        for module, targets in graph(import_time=False).items()
+        if module == "agents.llm" or module.startswith("agents.llm.")
+    }  # fmt: skip
+    assert "agents.llm.scripted" in outside
+    assert {m: t for m, t in outside.items() if t} == {}
+
+
 # What builds prompts: only agents/ may call these (experiments/ plays agents, it writes no text).
 PROMPT_BUILDERS = {
     "actor_prompt", "actor_prefix", "reflection_prompt", "judge_prompt", "render_transcript",

@@ -15,8 +15,9 @@ from gameruns import game_run
 from agents.episode import EnvReply
 from agents.llm.base import Completion, Request
 from agents.llm.ground_truth import GroundTruth, Walkthroughs
-from agents.markers import MEMORY_MARKER
-from agents.values import Candidate, NodeView, make_value, oracle_distance, parse_rating
+from agents.llm.markers import MEMORY_MARKER
+from agents.oracle import oracle_distance
+from agents.values import Candidate, NodeView, make_value, parse_rating
 from experiments.config import RunConfig
 from experiments.report import summarize
 from experiments.runner import run

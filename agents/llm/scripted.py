@@ -18,7 +18,7 @@ the action (`` go to desk 1``); the actor parses the first line.
   ``site.game``, ``site.trial``, ``site.step``): the same request gets the same action.
 - ``scripted:learner`` fails a task's first attempt by repeating ``look``, and plays like the
   expert once its prompt holds a memory block: it looks for
-  :data:`agents.markers.MEMORY_MARKER` in the prompt text only (no side channel for that).
+  :data:`agents.llm.markers.MEMORY_MARKER` in the prompt text only (no side channel for that).
 - ``scripted:replay:<run dir>`` serves the outputs recorded in ``<run dir>/run.sqlite`` for
   (``site.game``, ``site.trial``, ``site.step``); reflections by (game, trial). See
   :func:`recorded_output` for the queries. A request with nothing recorded is a BackendError.
@@ -43,7 +43,7 @@ draws each from the admissible commands, seeded also by the history and the samp
 Grounded decoding (``Request.constraint``): a policy picks from ``constraint.actions``.
 ``random`` draws from them (instead of ``site.admissible``, same seeding); ``expert`` and
 ``learner`` keep their command when it is one of them (or a thought, when ``allow_think``) and
-otherwise take :func:`agents.grounding.nearest_action` of it; the answer is ``constraint.lead``
+otherwise take :func:`agents.llm.grounding.nearest_action` of it; the answer is ``constraint.lead``
 followed by the command. ``replay`` serves what was recorded, constraint or not.
 
 Token counts are words and punctuation marks of the prompt and answer (no tokenizer).
@@ -60,7 +60,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agents.grounding import THINK, nearest_action
 from agents.llm.base import (
     ActionConstraint,
     BackendError,
@@ -71,7 +70,8 @@ from agents.llm.base import (
 )
 from agents.llm.common import rough_token_count, truncate_at_stop
 from agents.llm.ground_truth import NO_GROUND_TRUTH, GroundTruth
-from agents.markers import MEMORY_MARKER
+from agents.llm.grounding import THINK, nearest_action
+from agents.llm.markers import MEMORY_MARKER, plan_items
 
 REFUSED_ACTION = "examine the ceiling"  # not a command of any game: "Nothing happens."
 EXPERT_THOUGHT = (
@@ -149,8 +149,6 @@ def plan_answer(policy: str, site: CallSite, walkthrough: list[str] | None) -> s
 
 def follow_plan(history: Sequence[str]) -> str:
     """The next action of the latest plan in the history (``look`` past its end)."""
-    from agents.plan_execute import plan_items
-
     for i in range(len(history) - 1, -1, -1):
         items = plan_items(history[i].strip())
         if items or history[i].strip().lower().startswith("think: plan"):

@@ -117,8 +117,8 @@ def make_backend(
 ) -> Backend:
     """Build the backend a spec names. Heavy libraries are imported only here, lazily.
 
-    ``ground_truth`` (the games' walkthroughs) goes to scripted policies only; no other backend
-    gets it."""
+    ``ground_truth`` (see :mod:`agents.llm.ground_truth`) goes to scripted policies only; no
+    other backend gets it."""
     parsed = parse_spec(spec)
     kind, target = parsed.kind, parsed.target
     factory: Callable[..., Any]
