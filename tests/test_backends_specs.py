@@ -197,3 +197,16 @@ def test_a_request_survives_the_trip_to_a_backend_in_another_process():
     for request in requests:
         back = Request.from_json(json.loads(json.dumps(request.to_json())))
         assert back == request and back.site == request.site  # typed: it makes the trip whole
+
+
+def test_a_request_holds_typed_records_only():
+    """No untyped mapping rides on a request: every field of a Request and of its call site is
+    a typed value or record."""
+    import typing
+
+    from agents.llm.base import CallSite, Request
+
+    for record in (Request, CallSite):
+        for name, hint in typing.get_type_hints(record).items():
+            text = str(hint)
+            assert not any(w in text for w in ("dict", "Mapping", "Any")), (record, name, text)
