@@ -355,8 +355,8 @@ def test_a_real_run_report_and_its_prompts(
     recorders: list[_Recorder] = []
     real = runner.make_backends
 
-    def recording(cfg):
-        actor, reflector = real(cfg)
+    def recording(cfg, truth):
+        actor, reflector = real(cfg, truth)
         recorders.append(_Recorder(actor))
         return recorders[-1], reflector
 
