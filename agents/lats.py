@@ -44,6 +44,7 @@ from typing import Protocol
 from agents.episode import EnvReply, EpisodeContext, EpisodeEnd
 from agents.evaluators import classify_failure
 from agents.llm.base import Completion, Request
+from agents.llm.ground_truth import NO_GROUND_TRUTH, GroundTruth
 from agents.parsing import ParsedAction
 from agents.prompting import actor_prefix, example_texts
 from agents.react import (
@@ -169,11 +170,16 @@ class Node:
 class LatsAgent:
     """Plays one episode as a tree search; see the module docstring."""
 
-    def __init__(self, settings: LatsSettings, log: SearchLog | None = None) -> None:
+    def __init__(
+        self,
+        settings: LatsSettings,
+        log: SearchLog | None = None,
+        ground_truth: GroundTruth = NO_GROUND_TRUTH,
+    ) -> None:
         self.settings = settings
         self.log = log
         self.react = ReActAgent(settings.actor)
-        self.value: ValueFunction = make_value(settings.value)
+        self.value: ValueFunction = make_value(settings.value, ground_truth)
         generation = replace(
             settings.actor.generation, temperature=settings.temperature, n=settings.n
         )
@@ -361,7 +367,7 @@ class _Search:
         seed = (spec.seed or 0) + 7919 * node.id
         request = actor_request(
             self.agent.sampling, self._prefix(), self.observation, steps, self.state,
-            game=spec.game, trial=spec.trial, seed=seed,
+            game=spec.game, trial=spec.trial, seed=seed, episode=spec.episode_id,
         )  # fmt: skip
         first = await self._generate(request)
         texts = [first.text, *first.alternatives][: s.n]
@@ -385,7 +391,7 @@ class _Search:
             game=spec.game,
             trial=spec.trial,
             seed=spec.seed,
-            side={**request.side},
+            site=request.site,
         )
         values = await self.agent.value.score(self.ctx, view, candidates)
         for i, ((parsed, count), value) in enumerate(zip(merged.values(), values, strict=True)):

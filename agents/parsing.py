@@ -80,3 +80,17 @@ def was_mapped(raw_output: str, action: str) -> bool:
         for rules in (GroundingRules.none(), GroundingRules())
     }
     return action not in written
+
+
+STILL_VERBS = ("look", "inventory", "examine")  # commands that change nothing in the game
+RECEPTACLE_VERBS = ("open", "close")
+
+
+def verb_target(action: str) -> tuple[str, str]:
+    """('go', 'desk 1') for 'go to desk 1'; (first word, the words after it) otherwise."""
+    words = action.split()
+    if not words:
+        return "", ""
+    if words[0] == "go" and len(words) > 1 and words[1] == "to":
+        return "go", " ".join(words[2:])
+    return words[0], " ".join(words[1:])

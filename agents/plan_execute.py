@@ -21,18 +21,15 @@ from dataclasses import dataclass
 
 from agents.episode import EnvReply, EpisodeContext, EpisodeEnd
 from agents.evaluators import count_actions
-from agents.llm.base import Completion, GenerationConfig, Request
+from agents.llm.base import CallSite, Completion, GenerationConfig, Request
+from agents.llm.markers import NO_PLAN, PLAN_PREFIX, REPLAN_PREFIX, render_plan
 from agents.parsing import ParsedAction
 from agents.prompting import example_texts, render_transcript, template, transcript_pairs
 from agents.react import NOTHING_HAPPENS, THOUGHT_OBSERVATION, ActorSettings, ReActAgent, make_step
 from memory.records import FailureClass, Step, StepKind
 
-PLAN_PREFIX = "think: Plan: "
-REPLAN_PREFIX = "think: Revised plan for the remaining steps: "
 PLAN_STOPS = ("\n\n",)
-NO_PLAN = "(no plan)"
 _ITEM = re.compile(r"^\s*(?:\d+\s*[.):]|[-*•])\s*(?P<text>.+?)\s*$")
-_RENDERED_ITEM = re.compile(r"^\d+\)\s*")
 
 
 @dataclass(frozen=True)
@@ -58,22 +55,6 @@ def parse_plan(text: str, limit: int = 30) -> list[str]:
         first = next((line.strip() for line in text.splitlines() if line.strip()), "")
         items = [first] if first else []
     return [" ".join(i.split()) for i in items if i.strip()][:limit]
-
-
-def render_plan(items: Sequence[str]) -> str:
-    """A plan on one transcript line: ``1) go to desk 1; 2) take pen 1 from desk 1``."""
-    return "; ".join(f"{i}) {a}" for i, a in enumerate(items, 1)) or NO_PLAN
-
-
-def plan_items(action: str) -> list[str]:
-    """The actions of a recorded plan step (its ``action`` text), in order."""
-    for prefix in (REPLAN_PREFIX, PLAN_PREFIX):
-        if action.startswith(prefix):
-            body = action[len(prefix) :]
-            if body == NO_PLAN:
-                return []
-            return [_RENDERED_ITEM.sub("", part).strip() for part in body.split("; ")]
-    return []
 
 
 def is_plan(step: Step) -> bool:
@@ -185,15 +166,15 @@ class PlanExecuteAgent:
             ),
             prompt=prompt,
             purpose="plan",
-            side={
-                "game": spec.game,
-                "trial": spec.trial,
-                "step": len(steps),
-                "replan": signal is not None,
-                "walkthrough": state.info.get("walkthrough"),
-                "admissible": list(state.admissible),
-                "history": [a for a, _ in history],
-            },
+            site=CallSite(
+                episode=spec.episode_id,
+                game=spec.game,
+                trial=spec.trial,
+                step=len(steps),
+                history=tuple(a for a, _ in history),
+                admissible=tuple(state.admissible),
+                replan=signal is not None,
+            ),
         )  # fmt: skip
         completion: Completion = await ctx.generate(request)
         items = parse_plan(completion.text, self.settings.max_plan_steps)

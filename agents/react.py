@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from agents import reflexion_code as code
 from agents.episode import EnvReply, EpisodeContext, EpisodeEnd
 from agents.evaluators import Evaluator, Verdict, classify_failure, count_actions
-from agents.llm.base import ActionConstraint, Completion, GenerationConfig, Request
+from agents.llm.base import ActionConstraint, CallSite, Completion, GenerationConfig, Request
 from agents.parsing import GroundingRules, ParsedAction, parse_action, put_to_move
 from agents.prompting import actor_prompt, transcript_pairs
 from memory.records import Step, StepKind
@@ -60,23 +60,24 @@ def actor_request(
     game: str,
     trial: int,
     seed: int | None,
+    episode: str | None = None,
 ) -> Request:
-    """The request for the next step. ``side`` is for scripted policies only (a real model
-    never sees it)."""
+    """The request for the next step. Its call site is for routing, seeds and scripted
+    policies (a real model never sees it)."""
     history = transcript_pairs(steps)
     return Request(
         config=replace(settings.generation, seed=seed),
         prompt=prompt_at(ctx_spec_prefix, observation, steps, settings.protocol),
         purpose="act",
         constraint=ActionConstraint(state.admissible) if settings.decoding == "grounded" else None,
-        side={
-            "game": game,
-            "trial": trial,
-            "step": len(steps),
-            "walkthrough": state.info.get("walkthrough"),
-            "admissible": list(state.admissible),
-            "history": [a for a, _ in history],
-        },
+        site=CallSite(
+            episode=episode,
+            game=game,
+            trial=trial,
+            step=len(steps),
+            history=tuple(a for a, _ in history),
+            admissible=tuple(state.admissible),
+        ),
     )
 
 
@@ -138,7 +139,7 @@ class ReActAgent:
         spec = ctx.spec
         request = actor_request(
             self.settings, spec.prefix, observation, steps, state,
-            game=spec.game, trial=spec.trial, seed=spec.seed,
+            game=spec.game, trial=spec.trial, seed=spec.seed, episode=spec.episode_id,
         )  # fmt: skip
         if self.settings.code_protocol:
             return await self.code_step(ctx, request, len(steps))
@@ -200,13 +201,13 @@ class ReActAgent:
 
     def parse(self, text: str, admissible: Sequence[str]) -> ParsedAction:
         """The model's text as a step; with ``nearest`` decoding an action that is not admissible
-        is replaced by the most similar admissible command (``agents.grounding``)."""
+        is replaced by the most similar admissible command (``agents.llm.grounding``)."""
         parsed = parse_action(text, self.settings.grounding)
         if self.settings.decoding != "nearest" or parsed.kind == StepKind.THINK:
             return parsed
         if parsed.kind == StepKind.ACT and parsed.action in admissible:
             return parsed
-        from agents.grounding import nearest_action
+        from agents.llm.grounding import nearest_action
 
         mapped = nearest_action(parsed.action or text, admissible)
         again = parse_action(mapped, GroundingRules.none())

@@ -25,7 +25,7 @@ from typing import Any
 from agents import reflexion_code as code
 from agents.episode import ModelPort
 from agents.explore import extract_facts
-from agents.llm.base import GenerationConfig, Request
+from agents.llm.base import CallSite, GenerationConfig, Request
 from agents.prompting import (
     actor_prefix,
     example_texts,
@@ -201,7 +201,6 @@ async def reflect(
     episode_id: str,
     observation: str,
     steps: Sequence[Step],
-    walkthrough: Sequence[str] | None = None,
     past: Sequence[Reflection] = (),
     summary: code.TrialSummary | None = None,
 ) -> Reflected:
@@ -211,8 +210,7 @@ async def reflect(
     this task's earlier reflections; ``summary``: the trial's counts, for the run's last game),
     nothing stops the text but ``reflect_max_tokens``, and the text is kept as the model wrote it.
 
-    ``walkthrough`` (the game's, if known) goes only into the request's side channel, for
-    scripted policies. Greedy, at most ``reflect_max_tokens`` tokens. Raises the backend's error
+    Greedy, at most ``reflect_max_tokens`` tokens. Raises the backend's error
     if the call fails (the trial loop retries it later: a reflection is never silently dropped). The ``critique``
     request carries no decoding constraint: the request interface has none for JSON yet, so the
     schema is checked after the fact.
@@ -239,13 +237,13 @@ async def reflect(
         config=config,
         prompt=prompt,
         purpose="reflect",
-        side={
-            "game": task,
-            "trial": trial,
-            "format": settings.reflection_format,
-            "history": [a for a, _ in history],
-            "walkthrough": list(walkthrough) if walkthrough else None,
-        },
+        site=CallSite(
+            episode=episode_id,
+            game=task,
+            trial=trial,
+            history=tuple(a for a, _ in history),
+            reflection_format=settings.reflection_format,
+        ),
     )
     completion = await model.generate(request)
     raw = completion.text.strip()
@@ -307,22 +305,18 @@ async def judge(
     observation: str,
     steps: Sequence[Step],
     seed: int | None = 0,
-    walkthrough: Sequence[str] | None = None,
+    episode_id: str | None = None,
 ) -> tuple[str, str]:
     """The LLM evaluator's verdict on a finished episode: ('success'|'failure'|'unclear',
-    reason). Recorded next to the env's truth, never replacing it. ``walkthrough`` as for
-    :func:`reflect`."""
+    reason). Recorded next to the env's truth, never replacing it."""
     history = transcript_pairs(steps)
     request = Request(
         config=GenerationConfig(temperature=0.0, max_tokens=64, stop=("\n",), seed=seed),
         prompt=judge_prompt(observation, history),
         purpose="judge",
-        side={
-            "game": task,
-            "trial": trial,
-            "history": [a for a, _ in history],
-            "walkthrough": list(walkthrough) if walkthrough else None,
-        },
+        site=CallSite(
+            episode=episode_id, game=task, trial=trial, history=tuple(a for a, _ in history)
+        ),
     )
     completion = await model.generate(request)
     return parse_judge(completion.text)

@@ -11,39 +11,28 @@ selects it, because restoring a node costs a reset and a replay of its path.
   answers them "Nothing happens.") are penalised, as are actions the path already took;
   actions that can reveal new facts (going somewhere not yet visited, opening something not yet
   opened) are rewarded.
-- ``oracle``: privileged, for upper-bound experiments and model-free tests, never a default.
-  The distance to the goal from the game's walkthrough (``info["walkthrough"]``, a plan from the
-  initial state): walking the path, successful actions that match the next walkthrough action
-  advance along it; moves, looks, examines, and opening or closing receptacles the rest of the
-  walkthrough does not use change nothing; any other successful action leaves the set of states
-  the walkthrough still solves (value 0). The distance is the walkthrough's remaining length,
-  plus one ``go to`` when the agent is not where the next walkthrough action must happen; a
-  distance beyond the remaining step budget scores 0. Success is predicted from the admissible
-  commands, which is exact for ALFWorld's engine. Without a walkthrough every candidate scores
-  0.5.
+- ``oracle``: privileged, for upper-bound experiments and model-free tests, never a default:
+  the distance to the goal along the game's ground truth (:mod:`agents.oracle`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from agents.episode import EnvReply, ModelPort
-from agents.llm.base import GenerationConfig, Request
+from agents.llm.base import CallSite, GenerationConfig, Request
+from agents.llm.ground_truth import NO_GROUND_TRUTH, GroundTruth
+from agents.oracle import Oracle
+from agents.parsing import STILL_VERBS, verb_target
 from agents.prompting import render_transcript, template, transcript_pairs
 from memory.records import Step, StepKind
 
-log = logging.getLogger("agents.values")
-
 VALUES = ("llm", "sc", "heuristic", "oracle")
-NOTHING_HAPPENS = "Nothing happens."
 _NUMBER = re.compile(r"\d+")
-_STILL = ("look", "inventory", "examine")
-_RECEPTACLE_VERBS = ("open", "close")
 
 
 @dataclass(frozen=True)
@@ -67,7 +56,7 @@ class NodeView:
     game: str = ""
     trial: int = 0
     seed: int | None = 0
-    side: Mapping[str, Any] = field(default_factory=dict)
+    site: CallSite = field(default_factory=CallSite)  # the expansion request's
 
 
 class ValueFunction(Protocol):
@@ -115,7 +104,7 @@ class LlmValue:
             ),
             prompt=prompt,
             purpose="value",
-            side={**node.side, "candidate": candidate.action},
+            site=replace(node.site, candidate=candidate.action),
         )
         completion = await model.generate(request)
         return parse_rating(completion.text)
@@ -149,90 +138,20 @@ class Heuristic:
         taken = {s.action for s in node.steps if s.kind == StepKind.ACT}
         if c.action in taken:
             return 0.15
-        verb, target = _verb(c.action)
+        verb, target = verb_target(c.action)
         seen = node.observation + "".join(s.observation for s in node.steps)
         if verb == "go" and f"arrive at {target}" not in seen:
             return 0.8
         if verb == "open":
             return 0.8
-        if verb in _STILL:
+        if verb in STILL_VERBS:
             return 0.3
         return 0.6
 
 
-@dataclass(frozen=True)
-class Oracle:
-    name: str = "oracle"
-
-    async def score(
-        self, model: ModelPort, node: NodeView, candidates: Sequence[Candidate]
-    ) -> list[float]:
-        walkthrough = node.state.info.get("walkthrough")
-        if not walkthrough:
-            log.warning("oracle value: game %s has no walkthrough; every candidate scores 0.5",
-                        node.game)  # fmt: skip
-            return [0.5 for _ in candidates]
-        wt = [str(a) for a in walkthrough]
-        path = [
-            (s.action, s.observation != NOTHING_HAPPENS)
-            for s in node.steps
-            if s.kind == StepKind.ACT
-        ]
-        depth = len(node.steps) + 1
-        out = []
-        for c in candidates:
-            acts = path
-            if c.kind == StepKind.ACT:
-                acts = [*path, (c.action, c.action in node.state.admissible)]
-            distance = oracle_distance(wt, acts)
-            if distance is None or distance > node.max_steps - depth:
-                out.append(0.0)
-            else:
-                out.append(1.0 - distance / (len(wt) + 1))
-        return out
-
-
-def _verb(action: str) -> tuple[str, str]:
-    """('go', 'desk 1') for 'go to desk 1'; (first word, the words after it) otherwise."""
-    words = action.split()
-    if not words:
-        return "", ""
-    if words[0] == "go" and len(words) > 1 and words[1] == "to":
-        return "go", " ".join(words[2:])
-    return words[0], " ".join(words[1:])
-
-
-def oracle_distance(walkthrough: Sequence[str], path: Sequence[tuple[str, bool]]) -> int | None:
-    """Actions from the end of ``path`` (``(action, succeeded)`` pairs) to the goal, along the
-    walkthrough; None when the path left the states the walkthrough solves (module docstring)."""
-    j = 0
-    location: str | None = None
-    for action, succeeded in path:
-        if not succeeded:
-            continue  # "Nothing happens.": no change
-        verb, target = _verb(action)
-        if j < len(walkthrough) and action == walkthrough[j]:
-            j += 1
-        elif verb in _STILL:
-            continue
-        elif verb in _RECEPTACLE_VERBS and not any(target in w for w in walkthrough[j:]):
-            continue
-        elif verb != "go":
-            return None
-        if verb == "go":
-            location = target
-    if j == len(walkthrough):
-        return 0
-    repair = 0
-    if _verb(walkthrough[j])[0] != "go":
-        needed = next((_verb(w)[1] for w in reversed(walkthrough[:j]) if _verb(w)[0] == "go"),
-                      None)  # fmt: skip
-        repair = int(needed is not None and needed != location)
-    return len(walkthrough) - j + repair
-
-
-def make_value(name: str) -> ValueFunction:
-    """A value function by name (``llm``, ``sc``, ``heuristic``, ``oracle``)."""
+def make_value(name: str, ground_truth: GroundTruth = NO_GROUND_TRUTH) -> ValueFunction:
+    """A value function by name (``llm``, ``sc``, ``heuristic``, ``oracle``); only ``oracle``
+    reads ``ground_truth``."""
     if name == "llm":
         return LlmValue()
     if name == "sc":
@@ -240,5 +159,5 @@ def make_value(name: str) -> ValueFunction:
     if name == "heuristic":
         return Heuristic()
     if name == "oracle":
-        return Oracle()
+        return Oracle(ground_truth)
     raise ValueError(f"unknown value function {name!r}: use one of {', '.join(VALUES)}")

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from timing import median_time  # noqa: E402
 
-from agents.llm import GenerationConfig, Request, make_backend  # noqa: E402
+from agents.llm import CallSite, GenerationConfig, Request, make_backend  # noqa: E402
 from experiments.config import RunConfig  # noqa: E402
 from experiments.serve import ModelServer, free_port, serve_settings  # noqa: E402
 from tests.fault_server import FaultPlan, FaultServer  # noqa: E402
@@ -49,7 +49,8 @@ signal.pause()
 
 def batch(n: int, step: int) -> list[Request]:
     return [
-        Request(CONFIG, prompt=f"game {i} step {step}", side={"game": f"g{i}"}) for i in range(n)
+        Request(CONFIG, prompt=f"game {i} step {step}", site=CallSite(game=f"g{i}"))
+        for i in range(n)
     ]
 
 

@@ -396,7 +396,7 @@ class LatsConfig:
     lats_value: str = option(
         "llm",
         "value of a candidate: llm (self-evaluation 1-10), sc (self-consistency of the "
-        "samples), heuristic (no model), oracle (distance along the game's walkthrough: "
+        "samples), heuristic (no model), oracle (distance along the game's known solution: "
         "privileged, an upper bound for experiments and tests)",
         choices=LATS_VALUES,
     )

@@ -23,6 +23,7 @@ from agents.evaluators import make_evaluator
 from agents.lats import LatsAgent, LatsSettings, SearchLog
 from agents.llm import make_backend
 from agents.llm.base import Backend, GenerationConfig
+from agents.llm.ground_truth import NO_GROUND_TRUTH, GroundTruth
 from agents.parsing import GroundingRules
 from agents.plan_execute import PlanExecuteAgent, PlanSettings
 from agents.prompting import PromptFileError, load_original_prompts, sha256, template_hashes
@@ -30,6 +31,7 @@ from agents.react import ActorSettings, ReActAgent
 from agents.reflexion import MEMORY_ARMS, ReflexionSettings
 from agents.reflexion_code import CODE_PROTOCOL, CodePrompts, layout_text
 from envs.aio import AsyncEnvPool
+from envs.ground_truth import GameFileTruth
 from experiments.config import (
     RESUMABLE_KEYS,
     RunConfig,
@@ -58,14 +60,11 @@ class GameSet:
     files: dict[str, Path]  # game id -> file, for hashing
     source: str = ""  # where the games come from, in words
 
-    def walkthrough(self, game: str) -> list[str] | None:
-        """A game's walkthrough, read from its file (the oracle side channel of the requests
-        between episodes, which scripted policies read and a real model never sees)."""
-        if self.env_kind == "textworld":
-            from envs.textworld_env import game_walkthrough
-        else:
-            from envs.alfworld_env import game_walkthrough
-        return game_walkthrough(self.files[game])
+    @functools.cached_property
+    def ground_truth(self) -> GameFileTruth:
+        """The games' ground truth, read from their files: for scripted policies and the
+        ``oracle`` value only (see :mod:`agents.llm.ground_truth`)."""
+        return GameFileTruth(self.env_kind, self.files)
 
 
 def select_games(cfg: RunConfig) -> GameSet:
@@ -260,12 +259,14 @@ def _backend_options(cfg: RunConfig) -> dict[str, Any]:
     return options
 
 
-def make_backends(cfg: RunConfig) -> tuple[Backend, Backend]:
-    actor = make_backend(cfg.models.model, **_backend_options(cfg))
+def make_backends(cfg: RunConfig, truth: GroundTruth = NO_GROUND_TRUTH) -> tuple[Backend, Backend]:
+    actor = make_backend(cfg.models.model, ground_truth=truth, **_backend_options(cfg))
     if cfg.models.reflector == cfg.models.model:
         return actor, actor
     try:
-        return actor, make_backend(cfg.models.reflector, **_backend_options(cfg))
+        return actor, make_backend(
+            cfg.models.reflector, ground_truth=truth, **_backend_options(cfg)
+        )
     except BaseException:
         actor.close()
         raise
@@ -474,9 +475,9 @@ def _prepare(
         if not lock.held:
             refuse_live_run(run_dir)
         _refuse_existing(run_dir)
-    actor, reflector = make_backends(cfg)
+    actor, reflector = make_backends(cfg, games.ground_truth)
     try:
-        extras = _extra_backends(cfg)
+        extras = _extra_backends(cfg, games.ground_truth)
     except BaseException:
         _close_all([actor, reflector])
         raise
@@ -555,7 +556,7 @@ async def _execute(plan: Plan, progress: Progress) -> Path:
             "config": cfg.to_tree(public=True),
         }
     )
-    agent = build_agent(cfg, store)
+    agent = build_agent(cfg, store, plan.games.ground_truth)
     trial_plan = trial_plan_of(cfg)
     tasks = plan.games.tasks
     spec = EnvSpec(plan.games.env_kind, plan.games.env_kwargs)
@@ -618,7 +619,6 @@ async def _execute(plan: Plan, progress: Progress) -> Path:
                 escalate = actor  # the same model again: its own client
             loop = TrialLoop(
                 store, engine, agent, trial_plan, on_task_done=task_done,
-                walkthrough=functools.cache(plan.games.walkthrough),  # judge and reflect: one read
                 escalation=Escalation(cfg.safeguards.escalate_model, escalate)
                 if escalate is not None and cfg.safeguards.escalate_model
                 else None,
@@ -745,7 +745,9 @@ def trial_plan_of(cfg: RunConfig) -> TrialPlan:
     )
 
 
-def build_agent(cfg: RunConfig, log: SearchLog | None = None) -> Agent:
+def build_agent(
+    cfg: RunConfig, log: SearchLog | None = None, truth: GroundTruth = NO_GROUND_TRUTH
+) -> Agent:
     """The arm's agent: ReAct (react, reflexion, reflexion+explore, epm), Plan-and-Execute
     (plan, plan+reflexion) or LATS (lats, lats+reflexion; its tree goes to ``log``)."""
     arm, actor = cfg.protocol.agent, actor_settings(cfg)
@@ -770,11 +772,11 @@ def build_agent(cfg: RunConfig, log: SearchLog | None = None) -> Agent:
             max_env_steps=t.lats_max_env_steps, max_tokens=t.lats_max_tokens,
             max_seconds=t.lats_max_seconds,
         )  # fmt: skip
-        return LatsAgent(settings, log)
+        return LatsAgent(settings, log, truth)
     return ReActAgent(actor)
 
 
-def _extra_backends(cfg: RunConfig) -> dict[str, Backend]:
+def _extra_backends(cfg: RunConfig, truth: GroundTruth = NO_GROUND_TRUTH) -> dict[str, Backend]:
     """The planner and escalation models, when they are models of their own (built with the
     actor, so a bad spec or a missing API key is refused before the run directory is written)."""
     out: dict[str, Backend] = {}
@@ -782,7 +784,7 @@ def _extra_backends(cfg: RunConfig) -> dict[str, Backend]:
     try:
         for role, spec in specs.items():
             if spec and spec != cfg.models.model:
-                out[role] = make_backend(spec, **_backend_options(cfg))
+                out[role] = make_backend(spec, ground_truth=truth, **_backend_options(cfg))
     except BaseException:
         _close_all(list(out.values()))
         raise

@@ -84,10 +84,8 @@ class TrialLoop:
         plan: TrialPlan,
         on_task_done: Callable[[Task, bool, int], None] = lambda task, won, trial: None,
         escalation: Escalation | None = None,
-        walkthrough: Callable[[str], list[str] | None] = lambda game: None,
     ) -> None:
         self.store = store
-        self.walkthrough = walkthrough  # a game's, for the reflect/judge side channel
         self.engine = engine
         self.agent = agent
         self.plan = plan
@@ -308,7 +306,6 @@ class TrialLoop:
                 episode_id=row.episode_id,
                 observation=row.observation,
                 steps=steps,
-                walkthrough=self.walkthrough(task.game),
                 past=past,
                 summary=summary,
             )
@@ -328,7 +325,7 @@ class TrialLoop:
                 observation=row.observation,
                 steps=self.store.steps(row.episode_id),
                 seed=self.plan.reflexion.seed,
-                walkthrough=self.walkthrough(task.game),
+                episode_id=row.episode_id,
             )
         except BackendError as exc:
             raise _TaskHalted(f"{task.game} trial {trial}: judge failed: {exc}") from exc

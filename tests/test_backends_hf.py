@@ -145,7 +145,7 @@ ACTIONS = ("go to desk 1", "go to desk 10", "take pen 1 from desk 1", 'say "hi"'
 
 def test_grounded_rows_only_write_allowed_text(hf: Any) -> None:
     # random weights: whatever the model prefers, the mask leaves it nothing but allowed text
-    from agents.grounding import is_complete, viable_prefix
+    from agents.llm.grounding import is_complete, viable_prefix
 
     assert check_grounding(hf) == "transformers logits processor over token texts"
     thinking = ActionConstraint(ACTIONS)

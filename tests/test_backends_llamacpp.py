@@ -17,10 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents.grounding import gbnf_for
 from agents.llm import GenerationConfig, Message, Request, make_backend
 from agents.llm.base import ActionConstraint
 from agents.llm.common import check_grounding
+from agents.llm.grounding import gbnf_for
 from agents.llm.llamacpp_backend import common_prefix, route
 from tests.grounded_episodes import NASTY, assert_grounded, play
 

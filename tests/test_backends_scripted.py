@@ -9,9 +9,11 @@ from typing import Any
 
 import pytest
 
-from agents.llm import BackendError, GenerationConfig, Request, SpecError, make_backend
-from agents.markers import MEMORY_MARKER
+from agents.llm import BackendError, CallSite, GenerationConfig, Request, SpecError, make_backend
+from agents.llm.ground_truth import Walkthroughs
+from agents.llm.markers import MEMORY_MARKER
 
+GAME = "pick_clean/trial_1"
 WALKTHROUGH = [
     "go to countertop 1",
     "take mug 1 from countertop 1",
@@ -20,67 +22,64 @@ WALKTHROUGH = [
     "go to coffeemachine 1",
     "move mug 1 to coffeemachine 1",
 ]
+TRUTH = Walkthroughs({GAME: WALKTHROUGH})
 PROMPT = "Interact with a household to solve a task.\n...\nYour task is to: clean a mug.\n>"
 CFG = GenerationConfig()
 
 
-def _request(prompt: str, side: dict[str, Any], purpose: str = "act") -> Request:
-    return Request(config=CFG, prompt=prompt, purpose=purpose, side=side)  # type: ignore[arg-type]
+def _request(prompt: str, site: CallSite, purpose: str = "act") -> Request:
+    return Request(config=CFG, prompt=prompt, purpose=purpose, site=site)  # type: ignore[arg-type]
 
 
-def play(backend: Any, prompt: str, walkthrough: list[str] | None, limit: int = 20) -> list[str]:
+def play(backend: Any, prompt: str, game: str = GAME, limit: int = 20) -> list[str]:
     """Run the policy as the rollout would: parse the first line, strip, feed history back."""
+    walkthrough = TRUTH.walkthrough(game) or []
     history: list[str] = []
     for step in range(limit):
-        side = {
-            "game": "pick_clean/trial_1",
-            "trial": 0,
-            "step": step,
-            "walkthrough": walkthrough,
-            "admissible": ["look", "inventory", *WALKTHROUGH],
-            "history": list(history),
-        }
-        text = backend.generate([_request(prompt, side)])[0].text
+        site = CallSite(
+            game=game, trial=0, step=step, admissible=("look", "inventory", *WALKTHROUGH),
+            history=tuple(history),
+        )  # fmt: skip
+        text = backend.generate([_request(prompt, site)])[0].text
         assert text.startswith(" ") and "\n" not in text  # what a model writes after ">"
         history.append(text.splitlines()[0].strip())
         executed = [h for h in history if not h.startswith("think:")]
-        if executed == (walkthrough or [])[: len(executed)] and len(executed) == len(
-            walkthrough or []
-        ):
+        if executed == walkthrough[: len(executed)] and len(executed) == len(walkthrough):
             break
     return history
 
 
 def test_expert_plays_the_walkthrough_with_one_thought_first() -> None:
-    expert = make_backend("scripted:expert")
-    history = play(expert, PROMPT, WALKTHROUGH)
+    expert = make_backend("scripted:expert", ground_truth=TRUTH)
+    history = play(expert, PROMPT)
     assert history[0].startswith("think:")
     assert [h for h in history if not h.startswith("think:")] == WALKTHROUGH
     assert len(history) == len(WALKTHROUGH) + 1
 
 
 def test_expert_without_walkthrough_looks() -> None:
-    expert = make_backend("scripted:expert")
-    side = {"game": "g", "trial": 0, "step": 3, "walkthrough": None, "history": ["look"] * 3}
-    assert expert.generate([_request(PROMPT, side)])[0].text == " look"
+    site = CallSite(game="g", trial=0, step=3, history=("look",) * 3)
+    no_truth = make_backend("scripted:expert")
+    assert no_truth.generate([_request(PROMPT, site)])[0].text == " look"
+    unknown_game = make_backend("scripted:expert", ground_truth=TRUTH)
+    assert unknown_game.generate([_request(PROMPT, site)])[0].text == " look"
 
 
-def test_expert_judges_with_the_request_s_walkthrough_and_writes_a_plan() -> None:
-    """Answers depend on the request alone: a backend that saw the game played and a fresh one
-    (a resumed run's) judge and reflect alike."""
-    seen = make_backend("scripted:expert")
-    play(seen, PROMPT, WALKTHROUGH)  # it sees the walkthrough while acting
-    won = ["think: plan", *WALKTHROUGH]
-    side = {"game": "pick_clean/trial_1", "walkthrough": WALKTHROUGH}
-    judge_ok = _request("transcript", {**side, "history": won}, "judge")
-    judge_bad = _request("transcript", {**side, "history": WALKTHROUGH[:2]}, "judge")
-    reflect = _request("reflect on it", {**side, "trial": 0}, "reflect")
+def test_expert_judges_with_the_game_s_walkthrough_and_writes_a_plan() -> None:
+    """Answers depend on the request and the ground truth alone: a backend that saw the game
+    played and a fresh one (a resumed run's) judge and reflect alike."""
+    seen = make_backend("scripted:expert", ground_truth=TRUTH)
+    play(seen, PROMPT)
+    won = ("think: plan", *WALKTHROUGH)
+    judge_ok = _request("transcript", CallSite(game=GAME, history=won), "judge")
+    judge_bad = _request("transcript", CallSite(game=GAME, history=tuple(WALKTHROUGH[:2])), "judge")
+    reflect = _request("reflect on it", CallSite(game=GAME, trial=0), "reflect")
     requests = [judge_ok, judge_bad, Request(**_plain(reflect))]
     ok, bad, plan = seen.generate(requests)
     assert ok.text.startswith("SUCCESS")
     assert bad.text.startswith("FAILURE")
     assert "take mug 1 from countertop 1" in plan.text
-    fresh = make_backend("scripted:expert")
+    fresh = make_backend("scripted:expert", ground_truth=TRUTH)
     assert [c.text for c in fresh.generate(requests)] == [ok.text, bad.text, plan.text]
 
 
@@ -90,35 +89,34 @@ def _plain(r: Request) -> dict[str, Any]:
         "config": GenerationConfig(max_tokens=256, stop=()),
         "prompt": r.prompt,
         "purpose": r.purpose,
-        "side": r.side,
+        "site": r.site,
     }
 
 
 def test_learner_repeats_until_its_prompt_holds_a_memory_block() -> None:
-    learner = make_backend("scripted:learner")
-    first = play(learner, PROMPT, WALKTHROUGH, limit=5)
+    learner = make_backend("scripted:learner", ground_truth=TRUTH)
+    first = play(learner, PROMPT, limit=5)
     assert first == ["look"] * 5  # a loop the evaluator will call a failure
     with_memory = PROMPT.replace(
         "Your task", f"{MEMORY_MARKER}\n- I looked around forever.\n\nYour task"
     )
-    second = play(learner, with_memory, WALKTHROUGH)
+    second = play(learner, with_memory)
     assert [h for h in second if not h.startswith("think:")] == WALKTHROUGH
 
 
-def test_learner_ignores_side_channel_hints_of_memory() -> None:
-    learner = make_backend("scripted:learner")
-    side = {"game": "g", "trial": 3, "step": 1, "walkthrough": WALKTHROUGH, "history": ["look"]}
-    side["memory"] = ["a reflection"]  # not the marker in the prompt: must not switch
-    assert learner.generate([_request(PROMPT, side)])[0].text == " look"
+def test_learner_reads_memory_from_the_prompt_text_only() -> None:
+    learner = make_backend("scripted:learner", ground_truth=TRUTH)
+    site = CallSite(game=GAME, trial=3, step=1, history=("look",))  # a later trial, no marker
+    assert learner.generate([_request(PROMPT, site)])[0].text == " look"
 
 
 def test_random_is_deterministic_and_admissible() -> None:
     a, b = make_backend("scripted:random"), make_backend("scripted:random")
-    admissible = [f"go to drawer {i}" for i in range(30)]
+    admissible = tuple(f"go to drawer {i}" for i in range(30))
 
     def ask(backend: Any, step: int, seed: int = 0, game: str = "g") -> str:
-        side = {"game": game, "trial": 0, "step": step, "admissible": admissible, "history": []}
-        req = Request(config=GenerationConfig(seed=seed), prompt=PROMPT, side=side)
+        site = CallSite(game=game, trial=0, step=step, admissible=admissible)
+        req = Request(config=GenerationConfig(seed=seed), prompt=PROMPT, site=site)
         return str(backend.generate([req])[0].text.strip())
 
     run_a = [ask(a, s) for s in range(20)]
@@ -130,9 +128,9 @@ def test_random_is_deterministic_and_admissible() -> None:
 
 
 def test_scripted_counts_words_and_honours_stop() -> None:
-    expert = make_backend("scripted:expert")
-    side = {"game": "g", "trial": 0, "step": 1, "walkthrough": ["look"], "history": ["think: x"]}
-    c = expert.generate([_request("one two three >", side)])[0]
+    expert = make_backend("scripted:expert", ground_truth=Walkthroughs({"g": ["look"]}))
+    site = CallSite(game="g", trial=0, step=1, history=("think: x",))
+    c = expert.generate([_request("one two three >", site)])[0]
     assert c.prompt_tokens == 4 and c.completion_tokens == 1
     assert expert.describe() == {
         "spec": "scripted:expert",
@@ -182,11 +180,11 @@ def test_replay_serves_recorded_outputs(tmp_path: Path) -> None:
     run = _make_run(tmp_path)
     replay = make_backend(f"scripted:replay:{run}", arm="reflexion")
     reqs = [
-        _request(PROMPT, {"game": "g/1", "trial": 1, "step": 0}),
-        _request(PROMPT, {"game": "g/1", "trial": 1, "step": 1}),
-        _request(PROMPT, {"game": "g/1", "trial": 0, "step": 1}),
-        Request(**_plain(_request("r", {"game": "g/1", "trial": 0}, "reflect"))),
-        _request("j", {"game": "g/1", "trial": 0}, "judge"),
+        _request(PROMPT, CallSite(game="g/1", trial=1, step=0)),
+        _request(PROMPT, CallSite(game="g/1", trial=1, step=1)),
+        _request(PROMPT, CallSite(game="g/1", trial=0, step=1)),
+        Request(**_plain(_request("r", CallSite(game="g/1", trial=0), "reflect"))),
+        _request("j", CallSite(game="g/1", trial=0), "judge"),
     ]
     texts = [c.text for c in replay.generate(reqs)]
     assert texts == [
@@ -199,7 +197,7 @@ def test_replay_serves_recorded_outputs(tmp_path: Path) -> None:
     baseline = make_backend(f"scripted:replay:{run}", arm="baseline")
     assert baseline.generate(reqs[:1])[0].text == " inventory"
     with pytest.raises(BackendError, match="nothing recorded for act of game 'g/1' trial 1 step 7"):
-        replay.generate([_request(PROMPT, {"game": "g/1", "trial": 1, "step": 7})])
+        replay.generate([_request(PROMPT, CallSite(game="g/1", trial=1, step=7))])
     replay.close()
 
 

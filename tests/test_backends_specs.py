@@ -171,11 +171,22 @@ def test_safe_url_and_scrub_drop_secrets() -> None:
 def test_a_request_survives_the_trip_to_a_backend_in_another_process():
     import json
 
-    from agents.llm.base import ActionConstraint, GenerationConfig, Message, Request
+    from agents.llm.base import ActionConstraint, CallSite, GenerationConfig, Message, Request
 
     config = GenerationConfig(temperature=0.7, max_tokens=12, stop=("\n", ">"), seed=None, n=3)
     requests = [
-        Request(config=config, prompt="You are in the middle of a room. >", side={"game": "g"}),
+        Request(
+            config=config,
+            prompt="You are in the middle of a room. >",
+            site=CallSite(
+                episode="e1",
+                game="g",
+                trial=1,
+                step=2,
+                history=("look",),
+                admissible=("look", "go to desk 1"),
+            ),
+        ),  # fmt: skip
         Request(
             config=GenerationConfig(),
             messages=(Message("system", "Be brief."), Message("user", "<b>look</b> ü")),
@@ -185,4 +196,17 @@ def test_a_request_survives_the_trip_to_a_backend_in_another_process():
     ]
     for request in requests:
         back = Request.from_json(json.loads(json.dumps(request.to_json())))
-        assert back == request and back.side == {}  # the side channel never leaves
+        assert back == request and back.site == request.site  # typed: it makes the trip whole
+
+
+def test_a_request_holds_typed_records_only():
+    """No untyped mapping rides on a request: every field of a Request and of its call site is
+    a typed value or record."""
+    import typing
+
+    from agents.llm.base import CallSite, Request
+
+    for record in (Request, CallSite):
+        for name, hint in typing.get_type_hints(record).items():
+            text = str(hint)
+            assert not any(w in text for w in ("dict", "Mapping", "Any")), (record, name, text)

@@ -5,13 +5,18 @@ a constraint to its engine (here: a real local HTTP server) or refuses it in one
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents.grounding import (
+from agents.llm import CallSite, GenerationConfig, Request, SpecError, make_backend
+from agents.llm.base import ActionConstraint, BackendError
+from agents.llm.common import check_grounding
+from agents.llm.ground_truth import Walkthroughs
+from agents.llm.grounding import (
     THINK,
     TokenGrammar,
     command_features,
@@ -22,9 +27,6 @@ from agents.grounding import (
     similarity,
     viable_prefix,
 )
-from agents.llm import GenerationConfig, Request, SpecError, make_backend
-from agents.llm.base import ActionConstraint, BackendError
-from agents.llm.common import check_grounding
 from tests.fault_server import FaultServer
 
 ACTIONS = (
@@ -219,7 +221,9 @@ def test_sharded_servers_pass_the_constraint_through() -> None:
         assert check_grounding(backend) == "vLLM structured outputs (regex)"
         c = ActionConstraint(ACTIONS)
         games = [f"game{i}" for i in range(6)]
-        reqs = [Request(config=ACT, prompt="x>", constraint=c, side={"game": g}) for g in games]
+        reqs = [
+            Request(config=ACT, prompt="x>", constraint=c, site=CallSite(game=g)) for g in games
+        ]
         assert [o.text for o in backend.generate(reqs)] == [" look"] * 6
         backend.close()
         bodies = a.bodies + b.bodies
@@ -265,22 +269,24 @@ def test_backends_that_cannot_constrain_say_so_in_one_line(
 # -- scripted policies pick from the constraint -----------------------------------------------------
 def test_scripted_policies_pick_from_the_constraint() -> None:
     c = ActionConstraint(("go to desk 1", "take mug 1 from desk 1"), allow_think=False)
-    side = {"game": "g", "trial": 0, "step": 3, "admissible": ["open fridge 1"]}
+    site = CallSite(game="g", trial=0, step=3, admissible=("open fridge 1",))
     random = make_backend("scripted:random")
     outs = random.generate(
-        [Request(config=ACT, prompt="x>", constraint=c, side={**side, "step": s}) for s in range(8)]
+        [
+            Request(config=ACT, prompt="x>", constraint=c, site=replace(site, step=s))
+            for s in range(8)
+        ]
     )
     assert {o.text for o in outs} <= {" go to desk 1", " take mug 1 from desk 1"}
-    expert = make_backend("scripted:expert")
     walkthrough = ["go to desk 1", "take mug 1 from the desk 1"]  # not written as admissible
-    history = ["think: plan", "go to desk 1"]
-    ask = {"walkthrough": walkthrough, "history": history, "step": 2}
-    (out,) = expert.generate([Request(config=ACT, prompt="x>", constraint=c, side=ask)])
+    expert = make_backend("scripted:expert", ground_truth=Walkthroughs({"g": walkthrough}))
+    ask = CallSite(game="g", history=("think: plan", "go to desk 1"), step=2)
+    (out,) = expert.generate([Request(config=ACT, prompt="x>", constraint=c, site=ask)])
     assert out.text == " take mug 1 from desk 1"
-    first = {"walkthrough": walkthrough, "history": [], "step": 0}  # the expert thinks first
+    first = CallSite(game="g", step=0)  # the expert thinks first
     thinking = ActionConstraint(c.actions, allow_think=True)
-    (out,) = expert.generate([Request(config=ACT, prompt="x>", constraint=thinking, side=first)])
+    (out,) = expert.generate([Request(config=ACT, prompt="x>", constraint=thinking, site=first)])
     assert out.text.startswith(" think: ")
-    (out,) = expert.generate([Request(config=ACT, prompt="x>", constraint=c, side=first)])
+    (out,) = expert.generate([Request(config=ACT, prompt="x>", constraint=c, site=first)])
     assert out.text in (" go to desk 1", " take mug 1 from desk 1")
     assert check_grounding(expert)

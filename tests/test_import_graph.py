@@ -140,6 +140,36 @@ def test_no_import_cycles_between_modules() -> None:
     assert cycles(graph(import_time=False)) == []
 
 
+def test_model_backends_import_no_agent() -> None:
+    """agents.llm is the layer below the agents: none of its modules imports an agents module
+    outside agents.llm (lazy imports included)."""
+    outside = {
+        module: sorted(t for t in targets if t.startswith("agents.") and
+                       not t.startswith("agents.llm"))
+        for module, targets in graph(import_time=False).items()
+        if module == "agents.llm" or module.startswith("agents.llm.")
+    }  # fmt: skip
+    assert "agents.llm.scripted" in outside
+    assert {m: t for m, t in outside.items() if t} == {}
+
+
+# Who may read a game's ground truth (its walkthrough): the port, and its privileged readers.
+GROUND_TRUTH_READERS = {"agents.llm.ground_truth", "agents.llm.scripted", "agents.oracle"}
+
+
+def test_only_the_privileged_readers_name_the_walkthrough() -> None:
+    """Requests, agents, the trial loop and the runner never carry the ground truth: outside the
+    port and its readers, agents, experiments and memory do not even name it."""
+    named = [
+        module
+        for module, path in project_modules().items()
+        if module.split(".")[0] in ("agents", "experiments", "memory")
+        and module not in GROUND_TRUTH_READERS
+        and "walkthrough" in path.read_text().lower()
+    ]
+    assert named == []
+
+
 # What builds prompts: only agents/ may call these (experiments/ plays agents, it writes no text).
 PROMPT_BUILDERS = {
     "actor_prompt", "actor_prefix", "reflection_prompt", "judge_prompt", "render_transcript",

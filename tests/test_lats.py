@@ -14,8 +14,10 @@ from gameruns import game_run
 
 from agents.episode import EnvReply
 from agents.llm.base import Completion, Request
-from agents.markers import MEMORY_MARKER
-from agents.values import Candidate, NodeView, make_value, oracle_distance, parse_rating
+from agents.llm.ground_truth import GroundTruth, Walkthroughs
+from agents.llm.markers import MEMORY_MARKER
+from agents.oracle import oracle_distance
+from agents.values import Candidate, NodeView, make_value, parse_rating
 from experiments.config import RunConfig
 from experiments.report import summarize
 from experiments.runner import run
@@ -54,11 +56,10 @@ def test_oracle_distance_follows_the_walkthrough() -> None:
 
 
 def value_of(name: str, steps: Sequence[Step], candidates: Sequence[Candidate]) -> list[float]:
-    state = EnvReply(
-        "obs", info={"walkthrough": WT, "admissible_commands": [WT[1], "go to desk 1", "look"]}
-    )
-    node = NodeView("You are in the middle of a room.", tuple(steps), state, max_steps=30)
-    return asyncio.run(make_value(name).score(None, node, candidates))  # type: ignore[arg-type]
+    state = EnvReply("obs", info={"admissible_commands": [WT[1], "go to desk 1", "look"]})
+    node = NodeView("You are in the middle of a room.", tuple(steps), state, max_steps=30, game="g")
+    value = make_value(name, Walkthroughs({"g": WT}))
+    return asyncio.run(value.score(None, node, candidates))  # type: ignore[arg-type]
 
 
 def test_values_score_candidates_before_they_are_executed() -> None:
@@ -141,10 +142,10 @@ class _Recording:
     """Scripted text; records each request, and drops the extra samples when asked (a backend
     that cannot sample n at once)."""
 
-    def __init__(self, policy: str, single: bool) -> None:
+    def __init__(self, policy: str, single: bool, truth: GroundTruth) -> None:
         from agents.llm import make_backend
 
-        self.inner = make_backend(f"scripted:{policy}")
+        self.inner = make_backend(f"scripted:{policy}", ground_truth=truth)
         self.name = f"recording {policy}"
         self.single = single
         self.requests: list[Request] = []
@@ -158,8 +159,10 @@ class _Recording:
         self.inner.close()
 
 
-def play_lats(data: Path, tmp: Path, backend: _Recording, **kw: Any) -> RunStore:
-    """One LATS run through the engine and trial loop with ``backend``."""
+def play_lats(
+    data: Path, tmp: Path, policy: str, single: bool, **kw: Any
+) -> tuple[RunStore, _Recording]:
+    """One LATS run through the engine and trial loop with a recording scripted ``policy``."""
     from envs.aio import AsyncEnvPool
     from envs.pool import EnvSpec, SyncEnvPool
     from experiments.engine import Engine, ModelClient
@@ -167,6 +170,7 @@ def play_lats(data: Path, tmp: Path, backend: _Recording, **kw: Any) -> RunStore
 
     cfg = config(data, tmp, "run", model="scripted:expert", games=1, **kw)
     games = select_games(cfg)
+    backend = _Recording(policy, single, games.ground_truth)
     store = RunStore(tmp / "run", create=True)
     pool = SyncEnvPool(EnvSpec(games.env_kind, games.env_kwargs))
 
@@ -174,21 +178,21 @@ def play_lats(data: Path, tmp: Path, backend: _Recording, **kw: Any) -> RunStore
         from experiments.trials import TrialLoop
 
         engine = Engine(store, ModelClient(backend), AsyncEnvPool(pool), arm="lats")
-        agent = build_agent(cfg, store)
+        agent = build_agent(cfg, store, games.ground_truth)
         return await TrialLoop(store, engine, agent, trial_plan_of(cfg)).run(games.tasks)
 
     try:
         assert asyncio.run(play()) is None
     finally:
         pool.close()
-    return store
+    return store, backend
 
 
 def test_failed_rollouts_are_reflected_on_in_the_expansion_prompt(
     generated_games: Path, tmp_path: Path
 ) -> None:
-    backend = _Recording("deadend", single=False)
-    store = play_lats(generated_games, tmp_path, backend, lats_value="sc", lats_n=8)
+    store, backend = play_lats(generated_games, tmp_path, "deadend", False, lats_value="sc",
+                               lats_n=8)  # fmt: skip
     (episode,) = store.episodes()
     assert episode.won
     acts = [r for r in backend.requests if r.purpose == "act"]
@@ -203,9 +207,8 @@ def test_failed_rollouts_are_reflected_on_in_the_expansion_prompt(
 
 
 def test_a_backend_without_n_samples_gets_n_requests(generated_games: Path, tmp_path: Path) -> None:
-    backend = _Recording("random", single=True)
-    store = play_lats(generated_games, tmp_path, backend, lats_value="oracle", lats_n=4,
-                      lats_iterations=3)  # fmt: skip
+    store, backend = play_lats(generated_games, tmp_path, "random", True, lats_value="oracle",
+                               lats_n=4, lats_iterations=3)  # fmt: skip
     (episode,) = store.episodes()
     tree = store.search_tree(episode.episode_id)
     assert tree is not None

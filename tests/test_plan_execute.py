@@ -6,14 +6,8 @@ from pathlib import Path
 
 from gameruns import game_run
 
-from agents.plan_execute import (
-    PLAN_PREFIX,
-    REPLAN_PREFIX,
-    parse_plan,
-    plan_example,
-    plan_items,
-    render_plan,
-)
+from agents.llm.markers import PLAN_PREFIX, REPLAN_PREFIX, plan_items, render_plan
+from agents.plan_execute import parse_plan, plan_example
 from agents.prompting import example_texts
 from experiments.config import RunConfig
 from experiments.runner import run

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.markers import MEMORY_MARKER
+from agents.llm.markers import MEMORY_MARKER
 from agents.prompting import (
     TASK_TYPES,
     _packaged_examples,

@@ -334,7 +334,7 @@ class _Recorder:
     def generate(self, requests):
         for r in requests:
             if r.purpose == "act":
-                self.prompts[(r.side["game"], r.side["trial"], r.side["step"])] = r.prompt
+                self.prompts[(r.site.game, r.site.trial, r.site.step)] = r.prompt
         return self.inner.generate(requests)
 
     def close(self) -> None:
@@ -355,8 +355,8 @@ def test_a_real_run_report_and_its_prompts(
     recorders: list[_Recorder] = []
     real = runner.make_backends
 
-    def recording(cfg):
-        actor, reflector = real(cfg)
+    def recording(cfg, truth):
+        actor, reflector = real(cfg, truth)
         recorders.append(_Recorder(actor))
         return recorders[-1], reflector
 

@@ -168,10 +168,10 @@ class _KillingBackend:
     """Scripted expert text; once an episode has taken two actions, it SIGKILLs that episode's
     env worker (once), while the model is answering."""
 
-    def __init__(self, pool) -> None:
+    def __init__(self, pool, truth) -> None:
         from agents.llm import make_backend
 
-        self.inner = make_backend("scripted:expert")
+        self.inner = make_backend("scripted:expert", ground_truth=truth)
         self.name = "killer"
         self.pool = pool
         self.killed = False
@@ -207,7 +207,7 @@ def test_worker_killed_mid_episode_is_resimulated(generated_games, tmp_path):
     pool = EnvPool(EnvSpec(games.env_kind, games.env_kwargs), workers=2, timeout_s=60)
 
     async def play() -> str | None:
-        backend = _KillingBackend(pool)
+        backend = _KillingBackend(pool, games.ground_truth)
         engine = Engine(store, ModelClient(backend), AsyncEnvPool(pool), arm="reflexion")
         plan = TrialPlan(trials=1, reflexion=ReflexionSettings("reflexion", 3, "x"))
         return await TrialLoop(store, engine, ReActAgent(actor_settings(cfg)), plan).run(

@@ -14,6 +14,7 @@ from runfactory import episode_steps
 
 from agents import reflexion
 from agents.llm.base import Completion, Request
+from agents.llm.ground_truth import GroundTruth
 from agents.reflexion import ReflexionSettings, parse_critique, trimmed_trajectory
 from experiments.config import RunConfig
 from experiments.report import summarize
@@ -152,17 +153,17 @@ def test_the_reflection_cap_cuts_and_records() -> None:
 class _ByGame:
     """Scripted text: the expert's for the games in ``solved``, the learner's for the others."""
 
-    def __init__(self, solved: set[str]) -> None:
+    def __init__(self, solved: set[str], truth: GroundTruth) -> None:
         from agents.llm import make_backend
 
         self.name = "by-game"
         self.solved = solved
-        self.expert = make_backend("scripted:expert")
-        self.learner = make_backend("scripted:learner")
+        self.expert = make_backend("scripted:expert", ground_truth=truth)
+        self.learner = make_backend("scripted:learner", ground_truth=truth)
 
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
         return [
-            (self.expert if r.side.get("game") in self.solved else self.learner).generate([r])[0]
+            (self.expert if r.site.game in self.solved else self.learner).generate([r])[0]
             for r in requests
         ]
 
@@ -171,15 +172,15 @@ class _ByGame:
 
 
 class _Counting:
-    def __init__(self, spec: str) -> None:
+    def __init__(self, spec: str, truth: GroundTruth) -> None:
         from agents.llm import make_backend
 
-        self.inner = make_backend(spec)
+        self.inner = make_backend(spec, ground_truth=truth)
         self.name = spec
         self.games: list[str] = []
 
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
-        self.games += [str(r.side.get("game")) for r in requests]
+        self.games += [str(r.site.game) for r in requests]
         return self.inner.generate(requests)
 
     def close(self) -> None:
@@ -201,10 +202,15 @@ def test_escalation_reruns_only_unsolved_tasks_with_the_second_model(
     solved, unsolved = (t.game for t in games.tasks)
     store = RunStore(tmp_path / "run", create=True)
     pool = SyncEnvPool(EnvSpec(games.env_kind, games.env_kwargs), slots=2)
-    second = _Counting("scripted:expert")
+    second = _Counting("scripted:expert", games.ground_truth)
 
     async def play() -> str | None:
-        engine = Engine(store, ModelClient(_ByGame({solved})), AsyncEnvPool(pool), arm="react")
+        engine = Engine(
+            store,
+            ModelClient(_ByGame({solved}, games.ground_truth)),
+            AsyncEnvPool(pool),
+            arm="react",
+        )
         loop = TrialLoop(
             store, engine, build_agent(cfg), trial_plan_of(cfg),
             escalation=Escalation("scripted:expert", ModelClient(second)),

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from agents.llm import make_backend
-from agents.llm.base import GenerationConfig, Request
+from agents.llm.base import CallSite, GenerationConfig, Request
 from agents.llm.sharded import ShardedBackend, ranking, routing_key
 from experiments.serve import free_port
 
@@ -68,7 +68,7 @@ def servers() -> Iterator[tuple[Server, Server]]:
 
 def batch(games: list[str], step: int) -> list[Request]:
     return [
-        Request(GenerationConfig(max_tokens=8), prompt=f"{g} step {step}", side={"game": g})
+        Request(GenerationConfig(max_tokens=8), prompt=f"{g} step {step}", site=CallSite(game=g))
         for g in games
     ]
 

@@ -173,7 +173,7 @@ def test_resume_with_more_trials_plays_only_the_new_ones(generated_games, tmp_pa
     assert [(e.episode_id, e.finished_at) for e in store.episodes(0)] == first  # not replayed
     assert store.get_meta("manifest")["config"]["trials"] == 2
     # trial 0's reflections were written on resume by a backend that saw none of its episodes:
-    # the walkthrough comes with the request, so the text is an uninterrupted run's
+    # the backend reads the walkthrough from the game files, so the text is an uninterrupted run's
     for r in store.reflections():
         walkthrough = game_walkthrough(generated_games / r.task / "game.tw-pddl")
         assert walkthrough and r.text == plan_text(walkthrough)

@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 
-from agents.grounding import regex_for
 from agents.llm.base import (
     ActionConstraint,
     Completion,
@@ -30,6 +29,7 @@ from agents.llm.base import (
     Request,
     SpecError,
 )
+from agents.llm.grounding import regex_for
 from agents.llm.vllm_backend import (
     VLLMBackend,
     engine_kwargs,

@@ -7,6 +7,7 @@ that adapts it, when a backend is built.
 from agents.llm.base import (
     Backend,
     BackendError,
+    CallSite,
     Completion,
     GenerationConfig,
     Message,
@@ -19,6 +20,7 @@ from agents.llm.specs import ModelSpec, make_backend, parse_spec
 __all__ = [
     "Backend",
     "BackendError",
+    "CallSite",
     "Completion",
     "GenerationConfig",
     "Message",

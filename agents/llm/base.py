@@ -58,18 +58,45 @@ class ActionConstraint:
 
 
 @dataclass(frozen=True)
-class Request:
-    """A completion-style ``prompt`` or chat ``messages`` (exactly one), with its sampling config.
-
-    ``side`` is a side channel a real model never sees (walkthrough, admissible commands, ids);
-    only scripted policies read it, and each says which keys it reads.
+class CallSite:
+    """Where a request comes from, and what the agent held when it asked: routing
+    (:class:`~agents.llm.sharded.ShardedBackend` by ``game``), seeds and logs read the first
+    part; scripted policies play from the second instead of parsing the prompt text. A real
+    model never sees it, and it never holds ground truth (see :mod:`agents.llm.ground_truth`).
     """
+
+    episode: str | None = None  # the episode's id
+    game: str | None = None
+    trial: int | None = None
+    step: int | None = None  # how many steps the episode took before this request
+    history: tuple[str, ...] = ()  # the episode's actions so far (thoughts as ``think: ...``)
+    admissible: tuple[str, ...] = ()  # the game's admissible commands at this step
+    candidate: str | None = None  # purpose "value": the action rated
+    replan: bool = False  # purpose "plan": a replan after a failure signal
+    reflection_format: str | None = None  # purpose "reflect": the format asked for
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "history", tuple(str(a) for a in self.history))
+        object.__setattr__(self, "admissible", tuple(str(a) for a in self.admissible))
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> CallSite:
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class Request:
+    """A completion-style ``prompt`` or chat ``messages`` (exactly one), with its sampling config
+    and its :class:`CallSite` (``site``), which a real model never sees."""
 
     config: GenerationConfig
     prompt: str | None = None
     messages: tuple[Message, ...] | None = None
     purpose: Purpose = "act"
-    side: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    site: CallSite = field(default_factory=CallSite)
     constraint: ActionConstraint | None = None  # grounded decoding (see ActionConstraint)
 
     def __post_init__(self) -> None:
@@ -77,12 +104,12 @@ class Request:
             raise ValueError("a Request needs exactly one of prompt or messages")
 
     def to_json(self) -> dict[str, Any]:
-        """The request as JSON-ready data, for a backend in another process (``side`` stays
-        here: it is never sent to a model)."""
+        """The request as JSON-ready data, for a backend in another process."""
         return {
             "prompt": self.prompt,
             "messages": None if self.messages is None else [asdict(m) for m in self.messages],
             "purpose": self.purpose,
+            "site": self.site.to_json(),
             "config": asdict(self.config),
             "constraint": None if self.constraint is None else asdict(self.constraint),
         }
@@ -99,6 +126,7 @@ class Request:
             prompt=data.get("prompt"),
             messages=None if messages is None else tuple(Message(**m) for m in messages),
             purpose=data.get("purpose", "act"),
+            site=CallSite.from_json(data.get("site") or {}),
             constraint=None if constraint is None else ActionConstraint(**constraint),
         )
 

@@ -12,7 +12,7 @@ Prompts are sent as text (``chat_format="raw"``); chat messages (and prompts und
 Token counts come from the tokenizer; nothing is cached across calls (``cached_tokens=0``).
 
 Grounded decoding: rows with a ``constraint`` get a logits processor that masks every token whose
-text would leave the constraint's language (:class:`agents.grounding.TokenGrammar`: each token's
+text would leave the constraint's language (:class:`agents.llm.grounding.TokenGrammar`: each token's
 text is read once from the tokenizer, by decoding it after a fixed anchor token; special tokens
 and partial UTF-8 pieces are never allowed), and allows end-of-sequence once the text is
 complete. The completion text of such a row is the concatenation of those token texts, exactly
@@ -25,7 +25,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from agents.grounding import TokenGrammar
 from agents.llm.base import ActionConstraint, Completion, GenerationConfig, Request, SpecError
 from agents.llm.common import (
     CONTINUE_INSTRUCTION,
@@ -37,6 +36,7 @@ from agents.llm.common import (
     sampling_dict,
     truncate_at_stop,
 )
+from agents.llm.grounding import TokenGrammar
 
 
 def token_texts(tokenizer: Any) -> list[str | None]:

@@ -25,7 +25,7 @@ and for the same prompt found in the cache (its last token replayed alone) diffe
 bits, which can move a temperature-1 sample over Gemma's 262k-token vocabulary.
 
 Grounded decoding: a request's :class:`~agents.llm.base.ActionConstraint` becomes a llama.cpp
-GBNF grammar (:func:`agents.grounding.gbnf_for`, one ``LlamaGrammar`` per distinct grammar, kept
+GBNF grammar (:func:`agents.llm.grounding.gbnf_for`, one ``LlamaGrammar`` per distinct grammar, kept
 for the last few), so the sampler itself only ever produces the lead and an admissible command
 or a ``think:`` line; with ``"\n"`` among the stops the grammar lets the line end there.
 
@@ -49,7 +49,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agents.grounding import gbnf_for
 from agents.llm.base import (
     ActionConstraint,
     BackendError,
@@ -68,6 +67,7 @@ from agents.llm.common import (
     sampling_dict,
     truncate_at_stop,
 )
+from agents.llm.grounding import gbnf_for
 
 log = logging.getLogger("agents.llm.llamacpp")
 

@@ -39,7 +39,7 @@ dialect named by ``grammar_dialect``:
 - ``"llamacpp"``: the ``grammar`` field (GBNF) of llama.cpp's server and of
   ``python -m llama_cpp.server``.
 
-The regex and the grammar come from :mod:`agents.grounding`. An ``openai:`` spec with
+The regex and the grammar come from :mod:`agents.llm.grounding`. An ``openai:`` spec with
 ``base_url`` has no default (a server's dialect cannot be guessed safely); api.openai.com has
 none at all: a constrained request there is a one-line :class:`SpecError` naming
 ``--action-decoding nearest``. Every constrained answer is checked against the constraint, so a
@@ -59,7 +59,6 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from agents.grounding import gbnf_for, regex_for, viable_prefix
 from agents.llm.base import ActionConstraint, BackendError, Completion, Request, SpecError
 from agents.llm.common import (
     CONTINUE_INSTRUCTION,
@@ -74,6 +73,7 @@ from agents.llm.common import (
     safe_url,
     url_secrets,
 )
+from agents.llm.grounding import gbnf_for, regex_for, viable_prefix
 from agents.llm.retry import (
     MalformedResponse,
     Retryable,

