@@ -37,13 +37,13 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
 
+from agents.arm import Arm, ArmContext, SearchLog
 from agents.episode import EnvReply, EpisodeContext, EpisodeEnd
 from agents.evaluators import classify_failure
 from agents.llm.base import Completion, Request
+from agents.memory_policy import NO_MEMORY, REFLEXION
 from agents.parsing import ParsedAction
 from agents.prompting import actor_prefix, example_texts
 from agents.react import (
@@ -84,18 +84,6 @@ class LatsSettings:
     max_env_steps: int | None = None  # replays included
     max_tokens: int | None = None
     max_seconds: float | None = None
-
-
-class SearchLog(Protocol):
-    """Where a search tree is kept (the run store); see the module docstring."""
-
-    def search_tree(self, episode: str) -> SearchTree | None: ...
-
-    def save_search(
-        self, episode: str, nodes: Sequence[SearchNode], iteration: SearchIteration | None = None
-    ) -> None: ...
-
-    def end_search(self, episode: str, end: SearchEnd, chosen: Sequence[int]) -> None: ...
 
 
 @dataclass(eq=False)
@@ -526,3 +514,18 @@ class _Counted:
 
     async def generate(self, request: Request) -> Completion:
         return await self.search._generate(request)
+
+
+def _build(ctx: ArmContext) -> LatsAgent:
+    t = ctx.config.lats
+    settings = LatsSettings(
+        actor=ctx.actor, reflexion=ctx.reflexion, n=t.lats_n, iterations=t.lats_iterations,
+        value=t.lats_value, temperature=t.lats_temperature, exploration=t.lats_exploration,
+        reflections=t.lats_reflections, rollout_depth=t.lats_rollout_depth,
+        max_nodes=t.lats_max_nodes, max_env_steps=t.lats_max_env_steps,
+        max_tokens=t.lats_max_tokens, max_seconds=t.lats_max_seconds,
+    )  # fmt: skip
+    return LatsAgent(settings, ctx.search_log)
+
+
+ARMS = (Arm("lats", _build, NO_MEMORY), Arm("lats+reflexion", _build, REFLEXION))

@@ -19,9 +19,11 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from agents.arm import Arm, ArmContext
 from agents.episode import EnvReply, EpisodeContext, EpisodeEnd
 from agents.evaluators import count_actions
 from agents.llm.base import Completion, GenerationConfig, Request
+from agents.memory_policy import NO_MEMORY, REFLEXION
 from agents.parsing import ParsedAction
 from agents.prompting import example_texts, render_transcript, template, transcript_pairs
 from agents.react import NOTHING_HAPPENS, THOUGHT_OBSERVATION, ActorSettings, ReActAgent, make_step
@@ -200,3 +202,17 @@ class PlanExecuteAgent:
         prefix = PLAN_PREFIX if signal is None else REPLAN_PREFIX
         parsed = ParsedAction(StepKind.THINK, completion.text, prefix + render_plan(items))
         return make_step(len(steps), parsed, completion, THOUGHT_OBSERVATION, True)
+
+
+def _build(ctx: ArmContext) -> PlanExecuteAgent:
+    p = ctx.config.planning
+    settings = PlanSettings(
+        max_replans=p.max_replans,
+        nothing_streak=p.replan_after_nothing,
+        max_tokens=p.plan_max_tokens,
+        prompts_file=ctx.config.protocol.prompts,
+    )
+    return PlanExecuteAgent(ctx.actor, settings)
+
+
+ARMS = (Arm("plan", _build, NO_MEMORY), Arm("plan+reflexion", _build, REFLEXION))

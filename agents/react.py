@@ -15,9 +15,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from agents import reflexion_code as code
+from agents.arm import Arm, ArmContext
 from agents.episode import EnvReply, EpisodeContext, EpisodeEnd
 from agents.evaluators import Evaluator, Verdict, classify_failure, count_actions
 from agents.llm.base import ActionConstraint, Completion, GenerationConfig, Request
+from agents.memory_policy import EPISODIC, EXPLORATION, NO_MEMORY, REFLEXION
 from agents.parsing import GroundingRules, ParsedAction, parse_action, put_to_move
 from agents.prompting import actor_prompt, transcript_pairs
 from memory.records import Step, StepKind
@@ -229,3 +231,16 @@ class ReActAgent:
             failure_class=classify_failure(steps, verdict, capped),
             verdict=verdict.reason if verdict else "step cap",
         )
+
+
+def _build(ctx: ArmContext) -> ReActAgent:
+    return ReActAgent(ctx.actor)
+
+
+# ReAct, alone or with memory between trials (the reflexion-code protocol plays the first two)
+ARMS = (
+    Arm("react", _build, NO_MEMORY, code_protocol=True),
+    Arm("reflexion", _build, REFLEXION, code_protocol=True),
+    Arm("reflexion+explore", _build, EXPLORATION),
+    Arm("epm", _build, EPISODIC),
+)
