@@ -49,8 +49,8 @@ from agents.prompting import actor_prefix, example_texts
 from agents.react import (
     NOTHING_HAPPENS,
     THOUGHT_OBSERVATION,
+    Actor,
     ActorSettings,
-    ReActAgent,
     actor_request,
     make_step,
 )
@@ -160,7 +160,7 @@ class LatsAgent:
     def __init__(self, settings: LatsSettings, log: SearchLog | None = None) -> None:
         self.settings = settings
         self.log = log
-        self.react = ReActAgent(settings.actor)
+        self.actor = Actor(settings.actor)
         self.value: ValueFunction = make_value(settings.value)
         generation = replace(
             settings.actor.generation, temperature=settings.temperature, n=settings.n
@@ -330,7 +330,7 @@ class _Search:
             observation = THOUGHT_OBSERVATION if thought else NOTHING_HAPPENS
             node.step = make_step(index, parsed, cost, observation, thought)
         self.at = node
-        end = self.agent.react.check_end(node.steps(), truncated)
+        end = self.agent.actor.check_end(node.steps(), truncated)
         if end is not None:
             node.terminal, node.won, node.end = True, end.won, end
         self.dirty.add(node.id)
@@ -358,7 +358,7 @@ class _Search:
             texts.append((await self._generate(one)).text)
         merged: dict[tuple[str, str], tuple[ParsedAction, int]] = {}
         for text in texts:
-            parsed = self.agent.react.parse(text, self.state.admissible)
+            parsed = self.agent.actor.parse(text, self.state.admissible)
             key = (parsed.kind.value, parsed.action)
             seen = merged.get(key)
             merged[key] = (seen[0] if seen else parsed, (seen[1] if seen else 0) + 1)
@@ -495,7 +495,7 @@ class _Search:
             self.ctx.record(step)
         if best.won:
             return EpisodeEnd(won=True)
-        end_here = self.agent.react.check_end(steps, False) if steps else None
+        end_here = self.agent.actor.check_end(steps, False) if steps else None
         if end_here is not None:
             return replace(end_here, verdict=f"{end_here.verdict}; search: {reason}")
         failure = classify_failure(steps, None, False)

@@ -26,7 +26,7 @@ from agents.llm.base import Completion, GenerationConfig, Request
 from agents.memory_policy import NO_MEMORY, REFLEXION
 from agents.parsing import ParsedAction
 from agents.prompting import example_texts, render_transcript, template, transcript_pairs
-from agents.react import NOTHING_HAPPENS, THOUGHT_OBSERVATION, ActorSettings, ReActAgent, make_step
+from agents.react import NOTHING_HAPPENS, THOUGHT_OBSERVATION, Actor, ActorSettings, make_step
 from memory.records import FailureClass, Step, StepKind
 
 PLAN_PREFIX = "think: Plan: "
@@ -117,7 +117,7 @@ class PlanExecuteAgent:
     """Plans, executes with the ReAct actor, replans after a failure signal (module docstring)."""
 
     def __init__(self, actor: ActorSettings, settings: PlanSettings) -> None:
-        self.actor = ReActAgent(actor)
+        self.actor = Actor(actor)
         self.settings = settings
 
     async def play(self, ctx: EpisodeContext) -> EpisodeEnd:
