@@ -37,21 +37,21 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
 
+from agents.arm import Arm, ArmContext, SearchLog
 from agents.episode import EnvReply, EpisodeContext, EpisodeEnd
 from agents.evaluators import classify_failure
 from agents.llm.base import Completion, Request
 from agents.llm.ground_truth import NO_GROUND_TRUTH, GroundTruth
+from agents.memory_policy import NO_MEMORY, REFLEXION
 from agents.parsing import ParsedAction
 from agents.prompting import actor_prefix, example_texts
 from agents.react import (
     NOTHING_HAPPENS,
     THOUGHT_OBSERVATION,
+    Actor,
     ActorSettings,
-    ReActAgent,
     actor_request,
     make_step,
 )
@@ -85,18 +85,6 @@ class LatsSettings:
     max_env_steps: int | None = None  # replays included
     max_tokens: int | None = None
     max_seconds: float | None = None
-
-
-class SearchLog(Protocol):
-    """Where a search tree is kept (the run store); see the module docstring."""
-
-    def search_tree(self, episode: str) -> SearchTree | None: ...
-
-    def save_search(
-        self, episode: str, nodes: Sequence[SearchNode], iteration: SearchIteration | None = None
-    ) -> None: ...
-
-    def end_search(self, episode: str, end: SearchEnd, chosen: Sequence[int]) -> None: ...
 
 
 @dataclass(eq=False)
@@ -178,7 +166,7 @@ class LatsAgent:
     ) -> None:
         self.settings = settings
         self.log = log
-        self.react = ReActAgent(settings.actor)
+        self.actor = Actor(settings.actor)
         self.value: ValueFunction = make_value(settings.value, ground_truth)
         generation = replace(
             settings.actor.generation, temperature=settings.temperature, n=settings.n
@@ -348,7 +336,7 @@ class _Search:
             observation = THOUGHT_OBSERVATION if thought else NOTHING_HAPPENS
             node.step = make_step(index, parsed, cost, observation, thought)
         self.at = node
-        end = self.agent.react.check_end(node.steps(), truncated)
+        end = self.agent.actor.check_end(node.steps(), truncated)
         if end is not None:
             node.terminal, node.won, node.end = True, end.won, end
         self.dirty.add(node.id)
@@ -376,7 +364,7 @@ class _Search:
             texts.append((await self._generate(one)).text)
         merged: dict[tuple[str, str], tuple[ParsedAction, int]] = {}
         for text in texts:
-            parsed = self.agent.react.parse(text, self.state.admissible)
+            parsed = self.agent.actor.parse(text, self.state.admissible)
             key = (parsed.kind.value, parsed.action)
             seen = merged.get(key)
             merged[key] = (seen[0] if seen else parsed, (seen[1] if seen else 0) + 1)
@@ -513,7 +501,7 @@ class _Search:
             self.ctx.record(step)
         if best.won:
             return EpisodeEnd(won=True)
-        end_here = self.agent.react.check_end(steps, False) if steps else None
+        end_here = self.agent.actor.check_end(steps, False) if steps else None
         if end_here is not None:
             return replace(end_here, verdict=f"{end_here.verdict}; search: {reason}")
         failure = classify_failure(steps, None, False)
@@ -532,3 +520,18 @@ class _Counted:
 
     async def generate(self, request: Request) -> Completion:
         return await self.search._generate(request)
+
+
+def _build(ctx: ArmContext) -> LatsAgent:
+    t = ctx.config.lats
+    settings = LatsSettings(
+        actor=ctx.actor, reflexion=ctx.reflexion, n=t.lats_n, iterations=t.lats_iterations,
+        value=t.lats_value, temperature=t.lats_temperature, exploration=t.lats_exploration,
+        reflections=t.lats_reflections, rollout_depth=t.lats_rollout_depth,
+        max_nodes=t.lats_max_nodes, max_env_steps=t.lats_max_env_steps,
+        max_tokens=t.lats_max_tokens, max_seconds=t.lats_max_seconds,
+    )  # fmt: skip
+    return LatsAgent(settings, ctx.search_log, ctx.ground_truth)
+
+
+ARMS = (Arm("lats", _build, NO_MEMORY), Arm("lats+reflexion", _build, REFLEXION))

@@ -19,13 +19,15 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from agents.arm import Arm, ArmContext
 from agents.episode import EnvReply, EpisodeContext, EpisodeEnd
 from agents.evaluators import count_actions
 from agents.llm.base import CallSite, Completion, GenerationConfig, Request
 from agents.llm.markers import NO_PLAN, PLAN_PREFIX, REPLAN_PREFIX, render_plan
+from agents.memory_policy import NO_MEMORY, REFLEXION
 from agents.parsing import ParsedAction
 from agents.prompting import example_texts, render_transcript, template, transcript_pairs
-from agents.react import NOTHING_HAPPENS, THOUGHT_OBSERVATION, ActorSettings, ReActAgent, make_step
+from agents.react import NOTHING_HAPPENS, THOUGHT_OBSERVATION, Actor, ActorSettings, make_step
 from memory.records import FailureClass, Step, StepKind
 
 PLAN_STOPS = ("\n\n",)
@@ -96,7 +98,7 @@ class PlanExecuteAgent:
     """Plans, executes with the ReAct actor, replans after a failure signal (module docstring)."""
 
     def __init__(self, actor: ActorSettings, settings: PlanSettings) -> None:
-        self.actor = ReActAgent(actor)
+        self.actor = Actor(actor)
         self.settings = settings
 
     async def play(self, ctx: EpisodeContext) -> EpisodeEnd:
@@ -181,3 +183,17 @@ class PlanExecuteAgent:
         prefix = PLAN_PREFIX if signal is None else REPLAN_PREFIX
         parsed = ParsedAction(StepKind.THINK, completion.text, prefix + render_plan(items))
         return make_step(len(steps), parsed, completion, THOUGHT_OBSERVATION, True)
+
+
+def _build(ctx: ArmContext) -> PlanExecuteAgent:
+    p = ctx.config.planning
+    settings = PlanSettings(
+        max_replans=p.max_replans,
+        nothing_streak=p.replan_after_nothing,
+        max_tokens=p.plan_max_tokens,
+        prompts_file=ctx.config.protocol.prompts,
+    )
+    return PlanExecuteAgent(ctx.actor, settings)
+
+
+ARMS = (Arm("plan", _build, NO_MEMORY), Arm("plan+reflexion", _build, REFLEXION))

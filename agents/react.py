@@ -5,7 +5,7 @@ from step to step. A ``think:`` line is a thought (observation ``OK.``, the env 
 empty line is an invalid step ("Nothing happens."); anything else is an action sent to the env
 after the grounding rules. The episode ends when the env says won, when the evaluator gives a
 failure verdict, or at the step cap. In the ``reflexion-code`` protocol a step is the paper's
-code's instead (:meth:`ReActAgent.code_step`, :mod:`agents.reflexion_code`): no parsing or
+code's instead (:meth:`Actor.code_step`, :mod:`agents.reflexion_code`): no parsing or
 grounding, short outputs asked again, every action sent to the env.
 """
 
@@ -15,9 +15,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from agents import reflexion_code as code
+from agents.arm import Arm, ArmContext
 from agents.episode import EnvReply, EpisodeContext, EpisodeEnd
 from agents.evaluators import Evaluator, Verdict, classify_failure, count_actions
 from agents.llm.base import ActionConstraint, CallSite, Completion, GenerationConfig, Request
+from agents.memory_policy import EPISODIC, EXPLORATION, NO_MEMORY, REFLEXION
 from agents.parsing import GroundingRules, ParsedAction, parse_action, put_to_move
 from agents.prompting import actor_prompt, transcript_pairs
 from memory.records import Step, StepKind
@@ -105,21 +107,13 @@ def make_step(
     )
 
 
-class ReActAgent:
-    """Plays one episode; see the module docstring."""
+class Actor:
+    """The actor's steps, shared by every agent that acts as ReAct does (ReAct itself,
+    Plan-and-Execute, LATS): start an episode, take one step, parse the model's text, and say
+    when the episode is over. It plays no episode: its agents do."""
 
     def __init__(self, settings: ActorSettings) -> None:
         self.settings = settings
-
-    async def play(self, ctx: EpisodeContext) -> EpisodeEnd:
-        state, observation, steps, truncated = await self.start(ctx)
-        while True:
-            end = self.check_end(steps, truncated)
-            if end is not None:
-                return end
-            step, state, truncated = await self.next_step(ctx, observation, steps, state)
-            steps.append(step)
-            ctx.record(step)
 
     async def start(self, ctx: EpisodeContext) -> tuple[EnvReply, str, list[Step], bool]:
         """Reset (re-simulating a resumed episode's actions): the state, the first observation,
@@ -230,3 +224,30 @@ class ReActAgent:
             failure_class=classify_failure(steps, verdict, capped),
             verdict=verdict.reason if verdict else "step cap",
         )
+
+
+class ReActAgent(Actor):
+    """Plays one episode; see the module docstring."""
+
+    async def play(self, ctx: EpisodeContext) -> EpisodeEnd:
+        state, observation, steps, truncated = await self.start(ctx)
+        while True:
+            end = self.check_end(steps, truncated)
+            if end is not None:
+                return end
+            step, state, truncated = await self.next_step(ctx, observation, steps, state)
+            steps.append(step)
+            ctx.record(step)
+
+
+def _build(ctx: ArmContext) -> ReActAgent:
+    return ReActAgent(ctx.actor)
+
+
+# ReAct, alone or with memory between trials (the reflexion-code protocol plays the first two)
+ARMS = (
+    Arm("react", _build, NO_MEMORY, code_protocol=True),
+    Arm("reflexion", _build, REFLEXION, code_protocol=True),
+    Arm("reflexion+explore", _build, EXPLORATION),
+    Arm("epm", _build, EPISODIC),
+)

@@ -1,12 +1,9 @@
 """Reflexion around the actor: the prompt prefix with memory, self-reflection, the judge.
 
-Arms: ``react`` (the resampling baseline: no memory), ``reflexion`` (the last Ω reflections in
-the prompt), ``reflexion+explore`` (also what earlier trials saw in each place), ``epm`` (the
-episodic-memory control: the last Ω failed trajectories, trimmed to their actions and
-observations, instead of reflections on them), and the memory variants of the other agents
-(``plan+reflexion``, ``lats+reflexion``; ``plan`` and ``lats`` have no memory). Between trials
-the trial loop calls :func:`reflect` on a failed episode (:func:`episodic_memory` for ``epm``;
-:func:`judge` for the LLM evaluator arm); they take records and return records.
+Which arm keeps what between trials is its memory policy's (:mod:`agents.memory_policy`): it
+calls :func:`reflect` on a failed episode (:func:`episodic_memory` for the ``epm`` control: the
+failed trajectory, trimmed, instead of a reflection on it), and the trial loop calls
+:func:`judge` for the LLM evaluator arm; they take records and return records.
 
 Reflection formats: ``free`` (one paragraph, as in the paper) and ``critique`` (a JSON object
 ``{missing, superfluous, plan}`` checked against :data:`CRITIQUE_SCHEMA`; text that does not
@@ -40,14 +37,6 @@ from agents.prompting import (
 from memory.records import ExplorationFact, Reflection, ReflectionNote, Step, StepKind
 from memory.window import TaskMemory
 
-ARMS = (
-    "react", "reflexion", "reflexion+explore", "epm", "plan", "plan+reflexion", "lats",
-    "lats+reflexion",
-)  # fmt: skip
-MEMORY_ARMS = frozenset(
-    {"reflexion", "reflexion+explore", "epm", "plan+reflexion", "lats+reflexion"}
-)
-REFLECTION_FORMATS = ("free", "critique")
 # The critique's JSON: what a constrained decoder would enforce, and what parse_critique checks.
 CRITIQUE_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -69,7 +58,8 @@ NO_REFLECTION = "(the model wrote no reflection)"
 
 @dataclass(frozen=True)
 class ReflexionSettings:
-    arm: str
+    """How a failed attempt is reflected on, and how much memory the actor is shown."""
+
     memory_size: int  # Ω: reflections shown to the actor
     reflect_model: str  # recorded as the reflection's provenance
     reflect_max_tokens: int = 256
@@ -90,15 +80,6 @@ class ReflexionSettings:
         if self.code_prompts is None:
             raise ValueError("the reflexion-code protocol needs its prompt files")
         return self.code_prompts
-
-    @property
-    def uses_memory(self) -> bool:
-        return self.arm in MEMORY_ARMS
-
-    @property
-    def episodic(self) -> bool:
-        """The ``epm`` control: the failed trajectory goes into memory, not a reflection."""
-        return self.arm == "epm"
 
 
 @dataclass(frozen=True)
@@ -139,13 +120,12 @@ def prompt_prefix(
     reflections: Sequence[Reflection] = (),
     facts: Sequence[ExplorationFact] = (),
 ) -> str:
-    """The actor's fixed prompt part for this arm: examples, then the memory the arm shows."""
-    shown = reflections if settings.uses_memory else ()
+    """The actor's fixed prompt part: examples, then the memory shown (what the arm's memory
+    policy recalls: :mod:`agents.memory_policy`)."""
     if settings.code_protocol:
-        return code.actor_prefix(settings.prompts(), task_type, [r.text for r in shown])
-    seen = facts if settings.arm == "reflexion+explore" else ()
+        return code.actor_prefix(settings.prompts(), task_type, [r.text for r in reflections])
     return actor_prefix(
-        example_texts(task_type, settings.prompts_file), shown, seen, settings.instruction
+        example_texts(task_type, settings.prompts_file), reflections, facts, settings.instruction
     )
 
 

@@ -29,10 +29,6 @@ from typing import Any
 from agents.llm.specs import parse_spec
 from experiments.errors import ConfigError
 
-ARMS = (
-    "react", "reflexion", "reflexion+explore", "epm", "plan", "plan+reflexion", "lats",
-    "lats+reflexion",
-)  # fmt: skip
 LATS_VALUES = ("llm", "sc", "heuristic", "oracle")
 REFLECTION_FORMATS = ("free", "critique")
 EVALUATORS = ("paper", "code", "llm")
@@ -45,7 +41,7 @@ def option(
     default: Any,
     help: str,
     *,
-    choices: tuple[str, ...] | None = None,
+    choices: tuple[str, ...] | Callable[[], tuple[str, ...]] | None = None,
     minimum: float | None = None,
     maximum: float | None = None,
     above: float | None = None,
@@ -65,6 +61,19 @@ def option(
         frozen = default
         return field(default_factory=lambda: type(frozen)(frozen), metadata=meta)
     return field(default=default, metadata=meta)
+
+
+def arm_names() -> tuple[str, ...]:
+    """The ``--agent`` choices: the registered arms (read when they are checked, so an arm
+    registered after this module was imported is one)."""
+    from agents import arms  # lazily: the arm modules are not needed to read a config
+
+    return arms.names()
+
+
+def _choices(meta: Mapping[str, Any]) -> tuple[str, ...] | None:
+    choices = meta["choices"]
+    return choices() if callable(choices) else choices
 
 
 def _model_spec(value: str) -> None:
@@ -134,7 +143,7 @@ class ProtocolConfig:
         "arm: react (resampling baseline), reflexion, reflexion+explore, epm (the last failed "
         "trajectories in memory instead of reflections), plan, plan+reflexion "
         "(Plan-and-Execute), lats, lats+reflexion (tree search)",
-        choices=ARMS,
+        choices=arm_names,
     )
     trials: int = option(3, "number of trials", minimum=1, resumable=True)
     memory_size: int = option(3, "reflections shown to the actor (Omega)", minimum=0)
@@ -180,11 +189,16 @@ class ProtocolConfig:
     seed: int = option(0, "run seed (sampling, generated games)")
 
     def __post_init__(self) -> None:
-        if self.protocol == PROTOCOLS[1] and self.agent not in ("react", "reflexion"):
-            raise ConfigError(
-                f"--protocol {PROTOCOLS[1]} plays the paper code's arms only: --agent react or "
-                f"reflexion, not {self.agent}"
-            )
+        if self.protocol == PROTOCOLS[1]:
+            from agents import arms
+
+            arm = arms.find(self.agent)
+            if arm is not None and not arm.code_protocol:
+                played = " or ".join(a for a in arms.names() if arms.get(a).code_protocol)
+                raise ConfigError(
+                    f"--protocol {PROTOCOLS[1]} plays the paper code's arms only: --agent "
+                    f"{played}, not {self.agent}"
+                )
         if self.protocol != PROTOCOLS[1]:
             given = [
                 n
@@ -563,10 +577,9 @@ def _coerce(name: str, value: Any, source: str) -> Any:
     except (TypeError, ValueError):
         raise ConfigError(f"{source}: {name} must be {_KIND_WORDS[kind]}, got {value!r}") from None
     meta, flag = f.metadata, name.replace("_", "-")
-    if meta["choices"] and value not in meta["choices"]:
-        raise ConfigError(
-            f"{source}: unknown {name} {value!r}: use one of {', '.join(meta['choices'])}"
-        )
+    choices = _choices(meta)
+    if choices and value not in choices:
+        raise ConfigError(f"{source}: unknown {name} {value!r}: use one of {', '.join(choices)}")
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(
             f"{source}: {flag} must be a finite number, got {value}: give a number, or leave it "
@@ -738,7 +751,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
             else:
                 kw["type"] = kind if kind in (int, float) else str
                 if meta["choices"]:
-                    kw["choices"] = meta["choices"]
+                    kw["choices"] = _choices(meta)
             group.add_argument(flag, **kw)
     a = parser.add_argument
     a("--resume", metavar="DIR", help="continue the run in DIR")

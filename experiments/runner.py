@@ -18,17 +18,17 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Protocol
 
+from agents import arms
+from agents.arm import ArmContext, SearchLog
 from agents.episode import Agent
 from agents.evaluators import make_evaluator
-from agents.lats import LatsAgent, LatsSettings, SearchLog
 from agents.llm import make_backend
 from agents.llm.base import Backend, GenerationConfig
 from agents.llm.ground_truth import NO_GROUND_TRUTH, GroundTruth
 from agents.parsing import GroundingRules
-from agents.plan_execute import PlanExecuteAgent, PlanSettings
 from agents.prompting import PromptFileError, load_original_prompts, sha256, template_hashes
-from agents.react import ActorSettings, ReActAgent
-from agents.reflexion import MEMORY_ARMS, ReflexionSettings
+from agents.react import ActorSettings
+from agents.reflexion import ReflexionSettings
 from agents.reflexion_code import CODE_PROTOCOL, CodePrompts, layout_text
 from envs.aio import AsyncEnvPool
 from envs.ground_truth import GameFileTruth
@@ -718,7 +718,6 @@ def reflexion_settings(cfg: RunConfig) -> ReflexionSettings:
         protocol=cfg.protocol.protocol,
         code_prompts=code_prompts(cfg),
         instruction=_instruction(cfg),
-        arm=cfg.protocol.agent,
         memory_size=cfg.protocol.memory_size,
         reflect_model=cfg.models.reflector,
         reflect_max_tokens=cfg.models.reflect_max_tokens,
@@ -735,6 +734,7 @@ def trial_plan_of(cfg: RunConfig) -> TrialPlan:
     return TrialPlan(
         trials=cfg.protocol.trials,
         reflexion=reflexion_settings(cfg),
+        memory=arms.get(cfg.protocol.agent).memory,
         llm_judge=cfg.evaluation.evaluator == "llm",
         safeguards=Safeguards(
             task_max_tokens=guards.task_max_tokens,
@@ -748,32 +748,10 @@ def trial_plan_of(cfg: RunConfig) -> TrialPlan:
 def build_agent(
     cfg: RunConfig, log: SearchLog | None = None, truth: GroundTruth = NO_GROUND_TRUTH
 ) -> Agent:
-    """The arm's agent: ReAct (react, reflexion, reflexion+explore, epm), Plan-and-Execute
-    (plan, plan+reflexion) or LATS (lats, lats+reflexion; its tree goes to ``log``)."""
-    arm, actor = cfg.protocol.agent, actor_settings(cfg)
-    if arm in ("plan", "plan+reflexion"):
-        p = cfg.planning
-        return PlanExecuteAgent(
-            actor,
-            PlanSettings(
-                max_replans=p.max_replans,
-                nothing_streak=p.replan_after_nothing,
-                max_tokens=p.plan_max_tokens,
-                prompts_file=cfg.protocol.prompts,
-            ),
-        )
-    if arm in ("lats", "lats+reflexion"):
-        t = cfg.lats
-        settings = LatsSettings(
-            actor=actor, reflexion=reflexion_settings(cfg), n=t.lats_n,
-            iterations=t.lats_iterations, value=t.lats_value, temperature=t.lats_temperature,
-            exploration=t.lats_exploration, reflections=t.lats_reflections,
-            rollout_depth=t.lats_rollout_depth, max_nodes=t.lats_max_nodes,
-            max_env_steps=t.lats_max_env_steps, max_tokens=t.lats_max_tokens,
-            max_seconds=t.lats_max_seconds,
-        )  # fmt: skip
-        return LatsAgent(settings, log, truth)
-    return ReActAgent(actor)
+    """The arm's agent, built by its registered factory (a search agent's tree goes to ``log``;
+    ``truth``: the games' solutions, for the arms whose value function may read them)."""
+    context = ArmContext(actor_settings(cfg), reflexion_settings(cfg), cfg, log, truth)
+    return arms.get(cfg.protocol.agent).build(context)
 
 
 def _extra_backends(cfg: RunConfig, truth: GroundTruth = NO_GROUND_TRUTH) -> dict[str, Backend]:
@@ -854,8 +832,8 @@ def dry_run_plan(cfg: RunConfig) -> dict[str, Any]:
 
 def estimated_plan(cfg: RunConfig, n: int, **games: Any) -> dict[str, Any]:
     """The plan of a run over ``n`` games (``games``: what is known about them)."""
-    uses_memory = cfg.protocol.agent in MEMORY_ARMS and cfg.protocol.agent != "epm"
-    reflections = n * (cfg.protocol.trials - 1) if uses_memory else 0
+    reflects = arms.get(cfg.protocol.agent).memory.reflects
+    reflections = n * (cfg.protocol.trials - 1) if reflects else 0
     return {
         "model": cfg.models.model,
         "reflect_model": cfg.models.reflector,

@@ -27,10 +27,11 @@ from agents import reflexion
 from agents import reflexion_code as code
 from agents.episode import Agent, EpisodeSpec, episode_seed
 from agents.llm.base import BackendError, Completion, Request
+from agents.memory_policy import NO_MEMORY, Failed, MemoryPolicy
 from agents.reflexion import ReflexionSettings
 from experiments.engine import Engine, ModelClient, StopRun
 from experiments.store import EpisodeRow, RunStore, TaskEnd, episode_id, escalation_id
-from memory.records import EpisodeStatus, FailureClass, Reflection, StepKind
+from memory.records import EpisodeStatus, FailureClass, Reflection, Step, StepKind
 
 log = logging.getLogger("reflexsim.trials")
 
@@ -61,10 +62,12 @@ class Escalation:
 
 @dataclass(frozen=True)
 class TrialPlan:
-    """What the trial loop needs beyond the agent: how many trials, and the arm's settings."""
+    """What the trial loop needs beyond the agent: how many trials, the arm's memory between
+    trials and how it reflects."""
 
     trials: int
     reflexion: ReflexionSettings
+    memory: MemoryPolicy = NO_MEMORY
     llm_judge: bool = False  # the LLM evaluator arm: judge every finished episode
     safeguards: Safeguards = Safeguards()
 
@@ -230,26 +233,16 @@ class TrialLoop:
 
     def _new(self, task: Task, trial: int, escalate: Escalation | None = None) -> EpisodeSpec:
         settings = self.plan.reflexion
-        reflections: list[Reflection] = []
-        if settings.uses_memory:
-            reflections = reflexion.visible_reflections(
-                self.store.reflections(task.game), task.game, trial, settings.memory_size
-            )
-        facts = []
-        if settings.arm == "reflexion+explore":
-            earlier = [
-                (e.trial, self.store.steps(e.episode_id))
-                for e in self.store.episodes()
-                if e.game == task.game and e.trial < trial
-            ]
-            facts = reflexion.exploration_facts(earlier, task.game)
+        shown = self.plan.memory.recall(settings, _Past(self, task), task.game, trial)
         return EpisodeSpec(
             episode_id=escalation_id(task.game) if escalate else episode_id(task.game, trial),
             game=task.game,
             task_type=task.task_type,
             trial=trial,
-            prefix=reflexion.prompt_prefix(settings, task.task_type, reflections, facts),
-            memory=tuple(reflections),
+            prefix=reflexion.prompt_prefix(
+                settings, task.task_type, shown.reflections, shown.facts
+            ),
+            memory=shown.reflections,
             seed=episode_seed(settings.seed or 0, task.game, trial),
         )
 
@@ -269,48 +262,27 @@ class TrialLoop:
 
     # -- between trials ---------------------------------------------------------------------------
     async def _after_episode(self, task: Task, trial: int, row: EpisodeRow) -> None:
-        """Judge (LLM evaluator arm) and reflect on a failed episode, unless already done
-        (``epm``: keep its trimmed trajectory instead)."""
+        """Judge (LLM evaluator arm), then keep what the arm's memory policy keeps of a failed
+        episode (a reflection; ``epm``: its trimmed trajectory), unless already done."""
         row = await self._judge(task, trial, row)
         settings = self.plan.reflexion
-        if not settings.uses_memory:
-            return
         if trial >= self.plan.trials - 1 and not settings.code_protocol:
-            return  # a reflection after the last trial would never be read (the code writes it)
+            return  # a memory item after the last trial would never be read (the code writes it)
         if self.plan.llm_judge and row.judge_verdict == "success":
             return  # the self-evaluation arm reflects only when its judge saw a failure
         if any(r.trial == trial for r in self.store.reflections(task.game)):
             return
-        steps = self.store.steps(row.episode_id)
-        if settings.episodic:
-            item, note = reflexion.episodic_memory(
-                settings, task=task.game, trial=trial, episode_id=row.episode_id, steps=steps
-            )
-            self.store.add_reflection_note(note)
-            self.store.add_reflection(item)
-            return
-        past: list[Reflection] = []
-        summary = None
-        if settings.code_protocol:
-            past = reflexion.visible_reflections(
-                self.store.reflections(task.game), task.game, trial, settings.memory_size
-            )
-            if self._tasks and task == self._tasks[-1]:
-                summary = await self._trial_summary(trial)
+        failed = Failed(
+            task.game, trial, row.episode_id, row.observation, self.store.steps(row.episode_id)
+        )
         try:
-            made = await reflexion.reflect(
-                _TaskModel(self.engine, task.game, trial),
-                settings,
-                task=task.game,
-                trial=trial,
-                episode_id=row.episode_id,
-                observation=row.observation,
-                steps=steps,
-                past=past,
-                summary=summary,
+            made = await self.plan.memory.remember(
+                _TaskModel(self.engine, task.game, trial), settings, _Past(self, task), failed
             )
         except BackendError as exc:
             raise _TaskHalted(f"{task.game} trial {trial}: reflection failed: {exc}") from exc
+        if made is None:
+            return
         self.store.add_reflection_note(made.note)
         self.store.add_reflection(made.reflection, made.prompt_tokens, made.completion_tokens)
 
@@ -376,6 +348,31 @@ class TrialLoop:
 
 def _actions(store: RunStore, episode: str) -> list[str]:
     return [s.action for s in store.steps(episode) if s.kind == StepKind.ACT]
+
+
+class _Past:
+    """A task's earlier trials from the run store (:class:`agents.memory_policy.PastTrials`)."""
+
+    def __init__(self, loop: TrialLoop, task: Task) -> None:
+        self.loop = loop
+        self.task = task
+
+    def reflections(self) -> list[Reflection]:
+        return self.loop.store.reflections(self.task.game)
+
+    def steps_before(self, trial: int) -> list[tuple[int, list[Step]]]:
+        store = self.loop.store
+        return [
+            (e.trial, store.steps(e.episode_id))
+            for e in store.episodes()
+            if e.game == self.task.game and e.trial < trial
+        ]
+
+    async def trial_summary(self, trial: int) -> code.TrialSummary | None:
+        tasks = self.loop._tasks
+        if tasks and self.task == tasks[-1]:
+            return await self.loop._trial_summary(trial)
+        return None
 
 
 class _TaskModel:

@@ -190,3 +190,64 @@ def test_experiments_build_no_prompts() -> None:
                 assert not isinstance(node.value, ast.Name) or node.value.id not in (
                     "prompting", "reflexion", "react",
                 ), f"{module} calls {node.attr}"  # fmt: skip
+
+
+def arm_names() -> set[str]:
+    from agents import arms
+
+    return set(arms.names())
+
+
+def _names_an_arm(node: ast.AST, names: set[str]) -> bool:
+    """A string constant (or a tuple, list or set of them) that is an arm's name."""
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, str) and node.value in names
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return any(_names_an_arm(e, names) for e in node.elts)
+    return False
+
+
+def _is_purpose(node: ast.AST) -> bool:
+    """``request.purpose`` (or a ``purpose`` name): a request's purpose ("plan") is no arm."""
+    return (isinstance(node, ast.Attribute) and node.attr == "purpose") or (
+        isinstance(node, ast.Name) and node.id == "purpose"
+    )
+
+
+def arm_branches(source: str, names: set[str]) -> list[int]:
+    """Lines where code branches on an arm's name: a comparison, a ``case`` or a dict key."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            if any(_is_purpose(n) for n in operands):
+                continue
+            if any(_names_an_arm(n, names) for n in operands):
+                lines.append(node.lineno)
+        elif isinstance(node, ast.MatchValue) and _names_an_arm(node.value, names):
+            lines.append(node.value.lineno)
+        elif isinstance(node, ast.Dict) and any(
+            k is not None and _names_an_arm(k, names) for k in node.keys
+        ):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_the_arm_check_finds_a_branch() -> None:
+    names = arm_names()
+    code = 'if arm in ("plan", "x"):\n    pass\nmatch a:\n    case "lats":\n        pass\n'
+    assert arm_branches(code, names) == [1, 4]
+    assert arm_branches('if request.purpose == "plan":\n    pass\n', names) == []
+    assert arm_branches('agent = option("reflexion", "arm: react or lats")\n', names) == []
+
+
+def test_experiments_name_no_arm() -> None:
+    """The runner builds an arm through the registry (agents.arms): no code under experiments/
+    branches on an arm's name (presets and results are data, not code)."""
+    names = arm_names()
+    found = {
+        module: lines
+        for module, path in project_modules().items()
+        if module.startswith("experiments") and (lines := arm_branches(path.read_text(), names))
+    }
+    assert found == {}

@@ -55,9 +55,7 @@ def prompts() -> code.CodePrompts:
 
 
 def settings(**kw: Any) -> ReflexionSettings:
-    return ReflexionSettings(
-        "reflexion", 3, "m", protocol=code.CODE_PROTOCOL, code_prompts=prompts(), **kw
-    )
+    return ReflexionSettings(3, "m", protocol=code.CODE_PROTOCOL, code_prompts=prompts(), **kw)
 
 
 def reflections(n: int) -> list[Reflection]:

@@ -209,7 +209,7 @@ def test_worker_killed_mid_episode_is_resimulated(generated_games, tmp_path):
     async def play() -> str | None:
         backend = _KillingBackend(pool, games.ground_truth)
         engine = Engine(store, ModelClient(backend), AsyncEnvPool(pool), arm="reflexion")
-        plan = TrialPlan(trials=1, reflexion=ReflexionSettings("reflexion", 3, "x"))
+        plan = TrialPlan(trials=1, reflexion=ReflexionSettings(3, "x"))
         return await TrialLoop(store, engine, ReActAgent(actor_settings(cfg)), plan).run(
             games.tasks
         )

@@ -113,7 +113,7 @@ def test_critique_falls_back_to_free_text_with_the_parse_error(
 
 
 def reflect(spec: str, steps: Sequence[Any], **settings: Any) -> reflexion.Reflected:
-    cfg = ReflexionSettings("reflexion", 3, spec, **settings)
+    cfg = ReflexionSettings(3, spec, **settings)
     return asyncio.run(
         reflexion.reflect(
             _Port(spec), cfg, task="game", trial=0, episode_id="game#t0",

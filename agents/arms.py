@@ -1,0 +1,48 @@
+"""The registry of arms: every ``--agent`` choice and how it is built.
+
+The built-in arm modules are listed once, below; each declares its :class:`~agents.arm.Arm`
+records in ``ARMS``. A new arm is a new module under ``agents/`` and one entry in
+``_MODULES`` (or, from outside the package, :func:`register`).
+"""
+
+from __future__ import annotations
+
+from agents import lats, plan_execute, react
+from agents.arm import Arm
+
+_MODULES = (react, plan_execute, lats)  # the order of the --agent choices
+_ARMS: dict[str, Arm] = {}
+
+
+def register(arm: Arm) -> Arm:
+    """Add ``arm`` (its name must be new); returns it."""
+    if arm.name in _ARMS:
+        raise ValueError(f"arm {arm.name!r} is already registered")
+    _ARMS[arm.name] = arm
+    return arm
+
+
+def unregister(name: str) -> None:
+    """Remove the arm ``name`` (a plug-in's, when it is done)."""
+    _ARMS.pop(name, None)
+
+
+def names() -> tuple[str, ...]:
+    """Every arm's name, in registration order."""
+    return tuple(_ARMS)
+
+
+def find(name: str) -> Arm | None:
+    return _ARMS.get(name)
+
+
+def get(name: str) -> Arm:
+    arm = _ARMS.get(name)
+    if arm is None:
+        raise ValueError(f"unknown arm {name!r}: use one of {', '.join(_ARMS)}")
+    return arm
+
+
+for _module in _MODULES:
+    for _arm in _module.ARMS:
+        register(_arm)
