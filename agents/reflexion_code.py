@@ -55,7 +55,8 @@ def layout_text() -> str:
     return resources.files("agents.prompts").joinpath(LAYOUT_FILE).read_text()
 
 
-def _read(path: str | Path, role: str) -> str:
+def read_wording(path: str | Path, role: str) -> str:
+    """A wording file's text (``role`` names it in the one-line error)."""
     try:
         return Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -82,7 +83,7 @@ class CodePrompts:
         reflection_template: str | Path,
         reflection_examples: str | Path,
     ) -> CodePrompts:
-        template = _read(reflection_template, "reflection template")
+        template = read_wording(reflection_template, "reflection template")
         if template.endswith("\n"):
             template = template[:-1]
         for name in ("{trajectory}", "{examples}"):
@@ -105,9 +106,9 @@ class CodePrompts:
         }
         return cls(
             examples=load_original_prompts(prompts, verbatim=True),
-            instruction=_read(instruction, "instruction file"),
+            instruction=read_wording(instruction, "instruction file"),
             reflection_template=template,
-            reflection_examples=_read(reflection_examples, "reflection examples file"),
+            reflection_examples=read_wording(reflection_examples, "reflection examples file"),
             paths=paths,
         )
 

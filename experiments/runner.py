@@ -29,7 +29,7 @@ from agents.parsing import GroundingRules
 from agents.prompting import PromptFileError, load_original_prompts, sha256, template_hashes
 from agents.react import ActorSettings
 from agents.reflexion import ReflexionSettings
-from agents.reflexion_code import CODE_PROTOCOL, CodePrompts, layout_text
+from agents.reflexion_code import CODE_PROTOCOL, CodePrompts, layout_text, read_wording
 from envs.aio import AsyncEnvPool
 from envs.ground_truth import GameFileTruth
 from experiments.config import (
@@ -706,11 +706,9 @@ def _instruction(cfg: RunConfig) -> str | None:
     if path is None:
         return None
     try:
-        return Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(
-            f"cannot read the instruction file {path!r}: {exc.__class__.__name__}"
-        ) from None
+        return read_wording(path, "instruction file")
+    except PromptFileError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def reflexion_settings(cfg: RunConfig) -> ReflexionSettings:
