@@ -528,7 +528,8 @@ async def _execute(plan: Plan, progress: Progress) -> Path:
     from envs.pool import EnvPool, EnvSpec
 
     cfg, run_dir = plan.cfg, plan.run_dir
-    store = RunStore(run_dir, create=not plan.resumed)
+    # a resumed store was quick-checked by prepare, under the lock this process has held since
+    store = RunStore(run_dir, create=not plan.resumed, check=False)
     if plan.resumed:
         store.log_event(
             "resume",

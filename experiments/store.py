@@ -1018,17 +1018,18 @@ class RunReader:
         ).fetchone()
         return {"prompt": row["p"], "completion": row["c"], "cached_prompt": row["k"]}
 
-    def task_ends(self) -> dict[str, TaskEnd]:
+    def task_ends(self, manifest: dict[str, Any] | None = None) -> dict[str, TaskEnd]:
         """The tasks with no trial left, and why. A store made before they were kept derives
         them from its finished episodes: a won episode, or every planned trial played (its
-        oscillation stops and task budgets were not recorded, so such a task reads unfinished)."""
+        oscillation stops and task budgets were not recorded, so such a task reads unfinished).
+        ``manifest``: the run's, when the caller has read it already."""
         if "task_ends" not in self._added:
-            return self._task_ends_of_episodes()
+            return self._task_ends_of_episodes(manifest or self.get_meta("manifest") or {})
         rows = self._conn.execute("SELECT game, reason FROM task_ends").fetchall()
         return {r["game"]: _enum(TaskEnd, r["reason"], f"task {r['game']!r}") for r in rows}
 
-    def _task_ends_of_episodes(self) -> dict[str, TaskEnd]:
-        trials = ((self.get_meta("manifest") or {}).get("config") or {}).get("trials")
+    def _task_ends_of_episodes(self, manifest: dict[str, Any]) -> dict[str, TaskEnd]:
+        trials = (manifest.get("config") or {}).get("trials")
         rows = self._conn.execute(
             "SELECT game, MAX(won) won, COUNT(*) played FROM episodes WHERE status=? GROUP BY game",
             (EpisodeStatus.DONE.value,),
@@ -1045,8 +1046,9 @@ class RunReader:
         else running (a live process holds its lock), else how its last process ended: a budget
         stop, an interrupt, or a finished pass that left tasks to infrastructure errors (a
         process that could not say, kill -9, reads as interrupted)."""
-        games = set((self.get_meta("manifest") or {}).get("games") or {})
-        finished = len(games & set(self.task_ends()))
+        manifest = self.get_meta("manifest")
+        games = set((manifest or {}).get("games") or {})
+        finished = len(games & set(self.task_ends(manifest)))
         errors = self._conn.execute(
             "SELECT COUNT(*) FROM episodes WHERE status=?", (EpisodeStatus.ERROR.value,)
         ).fetchone()[0]
@@ -1058,7 +1060,7 @@ class RunReader:
         ).fetchone()
         end = json.loads(last["detail"]) if last is not None and last["kind"] == "end" else {}
         how, stopped = end.get("how"), end.get("reason") if end.get("how") == "stopped" else None
-        if self.get_meta("manifest") is not None and finished == len(games):
+        if manifest is not None and finished == len(games):
             status = RunStatus.COMPLETE
         elif holder_alive(self.run_dir, LOCK_NAME):
             status = RunStatus.RUNNING
@@ -1088,10 +1090,17 @@ class RunStore(RunReader):
     """
 
     def __init__(
-        self, run_dir: str | Path, *, create: bool = False, readonly: bool = False
+        self,
+        run_dir: str | Path,
+        *,
+        create: bool = False,
+        readonly: bool = False,
+        check: bool = True,
     ) -> None:
+        """``check``: ``PRAGMA quick_check`` an existing store first (off only where the caller
+        checked it under the run's lock a moment ago)."""
         if readonly:
-            super().__init__(run_dir)
+            super().__init__(run_dir, check=None if check else False)
             return
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / DB_NAME
@@ -1108,7 +1117,7 @@ class RunStore(RunReader):
         self._conn = _connect(self.path, readonly=False)
         try:
             with _opening(self._conn, self.run_dir):
-                if existing:
+                if existing and check:
                     _quick_check(self._conn)  # never play on into a damaged store
                 self._conn.execute("PRAGMA journal_mode=WAL")
                 self._conn.execute("PRAGMA synchronous=NORMAL")
