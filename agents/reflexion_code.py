@@ -37,7 +37,7 @@ from typing import Any
 
 from agents.prompting import PromptFileError, load_original_prompts
 
-CODE_PROTOCOL = "reflexion-code"  # the --protocol value (experiments.config.PROTOCOLS)
+CODE_PROTOCOL = "reflexion-code"  # the --protocol value of this protocol
 SHORT_OUTPUT = 5  # an output shorter than this (stripped) is asked again
 TRIES = 6  # tries in all before the empty action is played
 TEMPERATURE_STEP = 0.2  # added per try (the code: ``cur_try * 0.2``)

@@ -27,12 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from agents.llm.specs import parse_spec
+from agents.reflexion_code import CODE_PROTOCOL
 from experiments.errors import ConfigError
 
 LATS_VALUES = ("llm", "sc", "heuristic", "oracle")
 REFLECTION_FORMATS = ("free", "critique")
 EVALUATORS = ("paper", "code", "llm")
-PROTOCOLS = ("reflexsim", "reflexion-code")
+PROTOCOLS = ("reflexsim", CODE_PROTOCOL)
 ENVS = ("alfworld", "textworld")
 SPLITS = ("train", "eval_in_distribution", "eval_out_of_distribution")
 
@@ -189,17 +190,17 @@ class ProtocolConfig:
     seed: int = option(0, "run seed (sampling, generated games)")
 
     def __post_init__(self) -> None:
-        if self.protocol == PROTOCOLS[1]:
+        if self.protocol == CODE_PROTOCOL:
             from agents import arms
 
             arm = arms.find(self.agent)
             if arm is not None and not arm.code_protocol:
                 played = " or ".join(a for a in arms.names() if arms.get(a).code_protocol)
                 raise ConfigError(
-                    f"--protocol {PROTOCOLS[1]} plays the paper code's arms only: --agent "
+                    f"--protocol {CODE_PROTOCOL} plays the paper code's arms only: --agent "
                     f"{played}, not {self.agent}"
                 )
-        if self.protocol != PROTOCOLS[1]:
+        else:
             given = [
                 n
                 for n in ("reflection_template", "reflection_examples", "code_put_to_move")
