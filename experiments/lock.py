@@ -59,6 +59,12 @@ class DirLock:
         self._fd = fd
         return self
 
+    def refuse_if_held(self, what: str = "a run") -> None:
+        """A RunStoreError naming the live holder when another process holds the lock now;
+        nothing is created or written (the directory may not exist yet)."""
+        if holder_alive(self.path.parent, self.path.name):
+            self.acquire(what=what).release()  # held: raises, naming the holder
+
     def release(self) -> None:
         if self._fd is not None:
             os.close(self._fd)  # closing the descriptor drops the flock

@@ -61,7 +61,7 @@ from experiments.config import (
     public_values,
 )
 from experiments.errors import ConfigError, RunStoreError
-from experiments.lock import DirLock, holder_alive
+from experiments.lock import DirLock
 
 if TYPE_CHECKING:
     from experiments.store import RunState
@@ -450,8 +450,7 @@ def run_matrix(
             raise ConfigError("no preset given: pass --config <preset or file>")
         root = Path(run_dir) if run_dir is not None else default_matrix_dir(preset)
         lock = DirLock(root, LOCK_FILE)
-        if holder_alive(root, LOCK_FILE):
-            lock.acquire(what="a preset run").release()  # raises, naming the live holder
+        lock.refuse_if_held("a preset run")
         if is_matrix_dir(root):
             raise RunStoreError(
                 f"{str(root)!r} already holds a matrix: use --resume {root} or another --run-dir"

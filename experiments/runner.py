@@ -41,7 +41,7 @@ from experiments.config import (
 )
 from experiments.engine import Engine, ModelClient, Usage
 from experiments.errors import ConfigError, RunStoreError
-from experiments.lock import DirLock, holder_alive
+from experiments.lock import DirLock
 from experiments.store import DB_NAME, LOCK_NAME, RunStore
 from experiments.terminal import EscapingFormatter, QuietFileHandler
 from experiments.trials import Escalation, Safeguards, Task, TrialLoop, TrialPlan
@@ -408,8 +408,7 @@ def run_lock(run_dir: Path) -> DirLock:
 def refuse_live_run(run_dir: Path) -> None:
     """A one-line RunStoreError naming the process that runs in ``run_dir`` now, if one does
     (writes nothing into the directory)."""
-    if holder_alive(run_dir, LOCK_NAME):
-        run_lock(run_dir).acquire(what="a run").release()  # raises, naming the holder
+    run_lock(run_dir).refuse_if_held("a run")
 
 
 def prepare(
@@ -474,7 +473,7 @@ def _prepare(
     else:
         if not lock.held:
             refuse_live_run(run_dir)
-        _refuse_existing(run_dir)
+        refuse_existing(run_dir)
     actor, reflector = make_backends(cfg, games.ground_truth)
     try:
         extras = _extra_backends(cfg, games.ground_truth)
@@ -501,14 +500,15 @@ def _prepare(
             }
         elif not lock.held:
             lock.acquire(what="a run")  # the last check: nothing was written before it
-            _refuse_existing(run_dir)  # another run may have begun here meanwhile
+            refuse_existing(run_dir)  # another run may have begun here meanwhile
     except BaseException:
         _close_all([actor, reflector, *extras.values()])
         raise
     return Plan(cfg, run_dir, games, manifest, actor, reflector, old is not None, own, extras)
 
 
-def _refuse_existing(run_dir: Path) -> None:
+def refuse_existing(run_dir: Path) -> None:
+    """A one-line RunStoreError when ``run_dir`` already holds a run (a fresh run's check)."""
     if (run_dir / DB_NAME).exists():
         raise RunStoreError(
             f"{str(run_dir)!r} already holds a run: use --resume {run_dir} or another --run-dir"

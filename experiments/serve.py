@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.config import RunConfig, from_mapping, public_value
-from experiments.errors import ConfigError, RunStoreError
+from experiments.errors import ConfigError
 
 log = logging.getLogger("reflexsim.serve")
 
@@ -559,6 +559,7 @@ def run_served(
     from experiments.runner import (
         check_prompts_file,
         default_run_dir,
+        refuse_existing,
         refuse_live_run,
         run,
         run_lock,
@@ -574,10 +575,8 @@ def run_served(
         else default_run_dir(cfg)
     )
     refuse_live_run(run_dir)
-    if not resume and (run_dir / "run.sqlite").exists():
-        raise RunStoreError(
-            f"{str(run_dir)!r} already holds a run: use --resume {run_dir} or another --run-dir"
-        )
+    if not resume:
+        refuse_existing(run_dir)
     # a bad game selection or prompts file fails now, not after a long server start
     check_prompts_file(cfg, select_games(cfg))
     lock = run_lock(run_dir).acquire(what="a run")  # it makes the directory
