@@ -13,7 +13,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from experiments.errors import is_disk_full
+from experiments.errors import Terminated, is_disk_full
+from experiments.terminal import EscapingFormatter, escape_controls
 
 # Exit codes (README "Exit codes"): 0 finished (complete, or stopped by its budget/deadline);
 # 1 a preset job failed; 2 bad input or an unusable run directory; 3 finished, but tasks were
@@ -208,7 +209,6 @@ def _run_matrix(args: argparse.Namespace, preset: Any) -> int:
     """A preset with jobs: each job in <run dir>/<name>, one report; 1 if a job failed."""
     from experiments import matrix
     from experiments.config import flag_values
-    from experiments.terminal import escape_controls
 
     flags = flag_values(args)
     if args.dry_run:
@@ -344,8 +344,6 @@ def _console_logging() -> None:
     generated on a first run), on stderr; everything else goes to the run's run.log."""
     import logging
 
-    from experiments.terminal import EscapingFormatter
-
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(EscapingFormatter("%(message)s"))
     handler.setLevel(logging.INFO)
@@ -371,8 +369,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handler(args)
     except KeyboardInterrupt as exc:
-        from experiments.errors import Terminated
-
         code = Terminated.exit_code if terminated or isinstance(exc, Terminated) else INTERRUPTED
         name = "SIGTERM" if code == Terminated.exit_code else "SIGINT"
         print(
@@ -384,8 +380,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _stdout_closed()
     except Exception as exc:  # user-facing errors become one line; bugs keep their traceback
         if _is_user_error(exc):
-            from experiments.terminal import escape_controls
-
             message = escape_controls(str(exc))
             if is_disk_full(exc):
                 message = f"the disk is full ({message}): free space, then run it again"
@@ -411,8 +405,6 @@ def _handle_sigterm(terminated: list[int]) -> Callable[[], None]:
         return lambda: None
 
     def on_sigterm(signum: int, frame: Any) -> None:
-        from experiments.errors import Terminated
-
         terminated.append(signum)
         on_sigint = signal.getsignal(signal.SIGINT)
         if len(terminated) == 1 and callable(on_sigint):
