@@ -243,8 +243,13 @@ def _write_report_if_available(run_dir: Path) -> Path | None:
 
 def _export(args: argparse.Namespace) -> int:
     from experiments.export import export
+    from experiments.training_data import FORMATS, export_training
 
-    for path in export(Path(args.run_dir), args.format, Path(args.out) if args.out else None):
+    out = Path(args.out) if args.out else None
+    if args.format in FORMATS:
+        print(export_training(Path(args.run_dir), args.format, out, force=args.force))
+        return 0
+    for path in export(Path(args.run_dir), args.format, out):
         print(path)
     return 0
 
@@ -290,10 +295,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_arguments(run)
     run.set_defaults(handler=_run)
 
-    exp = sub.add_parser("export", help="write a run's episodes and steps as JSONL or CSV")
+    exp = sub.add_parser(
+        "export",
+        help="write a run's episodes and steps as JSONL or CSV, or its episodes as training "
+        "data: sft (won episodes as chat messages) or preference (failed trial vs. won retry)",
+    )
     exp.add_argument("run_dir")
-    exp.add_argument("--format", choices=("jsonl", "csv"), default="jsonl")
-    exp.add_argument("--out", help="output dir (default: RUN_DIR/export)")
+    exp.add_argument("--format", choices=("jsonl", "csv", "sft", "preference"), default="jsonl")
+    exp.add_argument(
+        "--out",
+        help="output dir (default: RUN_DIR/export); sft and preference: also a .jsonl file",
+    )
+    exp.add_argument(
+        "--force", action="store_true", help="sft and preference: replace an existing file"
+    )
     exp.set_defaults(handler=_export)
 
     rep = sub.add_parser("report", help="summary.json, plots and tables of one or more runs")

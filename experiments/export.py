@@ -27,7 +27,7 @@ def export(run_dir: Path, fmt: str, out_dir: Path | None = None) -> list[Path]:
         try:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise _unwritable(out, exc) from None
+            raise unwritable(out, exc) from None
         episodes = []
         steps = []
         all_steps = reader.all_steps()
@@ -45,11 +45,11 @@ def export(run_dir: Path, fmt: str, out_dir: Path | None = None) -> list[Path]:
         for path, rows in zip(paths, (episodes, steps), strict=True):
             _write(path, fmt, rows)
     except OSError as exc:
-        raise _unwritable(out, exc) from None
+        raise unwritable(out, exc) from None
     return paths
 
 
-def _unwritable(out: Path, exc: OSError) -> Exception:
+def unwritable(out: Path, exc: OSError) -> Exception:
     if is_disk_full(exc):
         return exc  # the CLI's one line for a full disk: free space, then run it again
     return ConfigError(
