@@ -38,13 +38,14 @@ from typing import Any
 
 from agents.prompting import transcript_action
 from agents.react import prompt_at
+from experiments.config import ProtocolConfig
 from experiments.errors import ConfigError
 from experiments.export import unwritable
 from experiments.store import EpisodeRow, RunReader, RunStatus, open_reader
 from memory.records import EpisodeStatus, Step, StepKind
 
 FORMATS = ("sft", "preference")
-DEFAULT_PROTOCOL = "reflexsim"  # the protocol of a run whose manifest names none
+DEFAULT_PROTOCOL = ProtocolConfig.protocol  # a run whose manifest names none played it
 
 Message = dict[str, str]
 
