@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from experiments.config import (
-    LEAVES,
-    RESUMABLE_KEYS,
-    SECTION_TYPES,
     RunConfig,
     from_mapping,
+    leaves,
     load_yaml,
+    resumable_keys,
+    section_types,
 )
 from experiments.errors import ConfigError
 from experiments.runner import run
@@ -59,18 +59,18 @@ def test_help_documents_every_key():
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     text = " ".join(r.stdout.split())
-    for name, (_, f) in LEAVES.items():
+    for name, (_, f) in leaves().items():
         flag = f.metadata["flag"] or "--" + name.replace("_", "-")
         assert flag in text, name
         assert " ".join(f.metadata["help"].split())[:40] in text, name
-    for section, kind in SECTION_TYPES.items():
+    for section, kind in section_types().items():
         assert (kind.__doc__ or "").strip() in text, section
 
 
 def test_resumable_keys_come_from_the_tree():
-    assert {"trials", "workers", "concurrency", "deadline", "run_dir"} <= RESUMABLE_KEYS
-    assert "max_steps" not in RESUMABLE_KEYS and "model" not in RESUMABLE_KEYS
-    for section in SECTION_TYPES.values():
+    assert {"trials", "workers", "concurrency", "deadline", "run_dir"} <= resumable_keys()
+    assert "max_steps" not in resumable_keys() and "model" not in resumable_keys()
+    for section in section_types().values():
         for f in dataclasses.fields(section):
             assert f.metadata["help"], f.name
 
