@@ -4,11 +4,12 @@ Each leaf field is declared once, with :func:`~agents.options.option` (default, 
 what the tree derives from it). The run's own sections are declared here; an arm's options are
 its own section, declared in its module and named by its :class:`~agents.arm.Arm` record: the
 tree takes the registered arms' sections from the registry (:func:`section_types`), so an arm
-registered later brings its flags, YAML keys and ``--help`` with it. From the tree come: the ``run`` flags and ``--help`` (one argparse group per
-section, a flag per leaf), the YAML keys (a leaf's own name, at the top level as always, or
-inside its section: ``protocol: {trials: 5}``), the keys that may change on ``--resume``
-(``resumable=True``), validation (``choices``, ``minimum``), and the manifest (:meth:`to_dict`).
-Leaf names are unique across sections, so today's flat keys keep working everywhere.
+registered later brings its flags, YAML keys and ``--help`` with it. From the tree come: the
+``run`` flags and ``--help`` (one argparse group per section, a flag per leaf), the YAML keys (a
+leaf's own name, at the top level as always, or inside its section: ``protocol: {trials: 5}``),
+the keys that may change on ``--resume`` (``resumable=True``), validation (``choices``,
+``minimum``), and the manifest (:meth:`to_dict`). Leaf names are unique across sections
+(:func:`agents.options.declare` refuses a clash), so today's flat keys keep working everywhere.
 
 A small generator of its own rather than a CLI library: the flags and YAML keys are an existing
 public surface (``--game`` repeats, ``--no-count-thoughts``, only flags given override a file or

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import subprocess
 import sys
@@ -95,3 +96,64 @@ def test_max_steps_50_runs_past_31_actions_only_when_max_actions_allows(
         run_dir=str(tmp_path / "run"),
     )  # fmt: skip
     assert _longest(run(cfg)) == expected
+
+
+def config_renames(source: str, leaf_names: set[str], sections: set[str]) -> list[str]:
+    """``field <- leaf`` for every keyword argument that passes a config leaf on under another
+    name: ``Settings(field=cfg.section.leaf)``, or ``p.leaf`` where ``p = cfg.section``."""
+    found = []
+    for fn in ast.walk(ast.parse(source)):
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        aliases = set()  # names bound to a section: p = cfg.protocol; p, e = cfg.a, cfg.b
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Assign) and len(node.targets) == 1:
+                target, value = node.targets[0], node.value
+                pairs = (
+                    zip(target.elts, value.elts, strict=False)
+                    if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple)
+                    else [(target, value)]
+                )
+                aliases |= {
+                    t.id
+                    for t, v in pairs
+                    if isinstance(t, ast.Name) and isinstance(v, ast.Attribute)
+                    and v.attr in sections
+                }  # fmt: skip
+        for node in ast.walk(fn):
+            for kw in node.keywords if isinstance(node, ast.Call) else []:
+                value = kw.value
+                if not isinstance(value, ast.Attribute) or value.attr not in leaf_names:
+                    continue
+                base = value.value
+                reads = (isinstance(base, ast.Attribute) and base.attr in sections) or (
+                    isinstance(base, ast.Name) and base.id in aliases
+                )
+                if reads and kw.arg is not None and kw.arg != value.attr:
+                    found.append(f"{kw.arg} <- {value.attr}")
+    return found
+
+
+def test_the_rename_count_finds_a_rename():
+    code = (
+        "def f(cfg):\n    p, m = cfg.protocol, cfg.models\n"
+        "    return S(decoding=m.action_decoding, trials=p.trials, n=cfg.lats.lats_n)\n"
+    )
+    assert config_renames(code, set(leaves()), set(section_types())) == [
+        "decoding <- action_decoding", "n <- lats_n",
+    ]  # fmt: skip
+
+
+def test_settings_take_the_config_names():
+    """Where settings are built from the config (the arms' factories and the agents under
+    agents/, the run's settings in experiments/arming.py), every field has its leaf's name: an
+    arm's section is its settings, and the actor's, reflection's and trial settings take the
+    config's names (before the arms' sections: 17 renames, e.g. lats_n -> n)."""
+    sources = [*sorted((ROOT / "agents").rglob("*.py")), ROOT / "experiments" / "arming.py"]
+    names, sections = set(leaves()), set(section_types())
+    found = {
+        str(p.relative_to(ROOT)): r
+        for p in sources
+        if (r := config_renames(p.read_text(), names, sections))
+    }
+    assert found == {}
