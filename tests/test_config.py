@@ -35,6 +35,12 @@ def test_flat_and_nested_keys_mean_the_same():
     assert flat == nested
     assert flat.protocol.trials == 5 and flat.evaluation.max_actions == 40
     assert RunConfig.of(**flat.to_dict()) == flat  # the manifest's config reads back
+    # the arms' sections (declared in their modules) read the same both ways
+    arms_flat = from_mapping({"lats_n": 3, "max_replans": 1})
+    arms_nested = from_mapping({"lats": {"lats-n": 3}, "planning": {"max_replans": 1}})
+    assert arms_flat == arms_nested and arms_flat.section("lats").lats_n == 3
+    assert arms_flat.section("planning").max_replans == 1
+    assert arms_flat.to_tree()["planning"]["max_replans"] == 1
 
 
 def test_a_misspelled_key_is_one_line_naming_the_closest(tmp_path):
