@@ -2,6 +2,10 @@
 
 An arm module (``agents/react.py``, ``agents/plan_execute.py``, ``agents/lats.py``) declares its
 arms as :class:`Arm` records in a module-level ``ARMS`` tuple; :mod:`agents.arms` gathers them.
+An arm with options of its own declares them as its config section: a frozen dataclass of
+:func:`agents.options.option` leaves, named by the record (``section``, ``settings``). The run
+configuration takes the section from the registry (its flags, YAML keys and ``--help``), and the
+arm's factory gets the section's values as its settings, field for field.
 The runner builds an arm's agent through its record and never names an arm: adding one is a new
 module under ``agents/`` and one line in :mod:`agents.arms` (or :func:`agents.arms.register`).
 """
@@ -40,16 +44,24 @@ class ArmContext:
 
     actor: ActorSettings  # how the actor is asked and its steps judged
     reflexion: ReflexionSettings  # how a failed attempt is reflected on
-    config: Any  # the run's configuration (experiments.config.RunConfig): the arm's own section
+    settings: Any = None  # the arm's own config section (an ``Arm.settings`` instance), if any
     search_log: SearchLog | None = None  # where a search agent keeps its tree
     ground_truth: GroundTruth = NO_GROUND_TRUTH  # the games' solutions (LATS' oracle value only)
 
 
 @dataclass(frozen=True)
 class Arm:
-    """One agent design: its name (``--agent``), its factory, and its memory between trials."""
+    """One agent design: its name (``--agent``), its factory, its memory between trials, and its
+    config section (``section``: its key, as in YAML ``planning: {...}``; ``settings``: its
+    dataclass of options; arms may share one)."""
 
     name: str
     build: Callable[[ArmContext], Agent]
     memory: MemoryPolicy
     code_protocol: bool = False  # the reflexion-code protocol plays it (the paper code's arms)
+    section: str | None = None
+    settings: type | None = None
+
+    def __post_init__(self) -> None:
+        if (self.section is None) != (self.settings is None):
+            raise ValueError(f"arm {self.name!r}: a config section needs its key and its type")

@@ -2,12 +2,13 @@
 
 The built-in arm modules are listed once, below; each declares its :class:`~agents.arm.Arm`
 records in ``ARMS``. A new arm is a new module under ``agents/`` and one entry in
-``_MODULES`` (or, from outside the package, :func:`register`).
+``_MODULES`` (or, from outside the package, :func:`register`). Registering an arm declares its
+config section (:mod:`agents.options`), so its options are run flags and YAML keys from then on.
 """
 
 from __future__ import annotations
 
-from agents import lats, plan_execute, react
+from agents import lats, options, plan_execute, react
 from agents.arm import Arm
 
 _MODULES = (react, plan_execute, lats)  # the order of the --agent choices
@@ -15,16 +16,27 @@ _ARMS: dict[str, Arm] = {}
 
 
 def register(arm: Arm) -> Arm:
-    """Add ``arm`` (its name must be new); returns it."""
+    """Add ``arm`` (its name must be new, its section's keys too unless it shares an arm's
+    section); returns it."""
     if arm.name in _ARMS:
         raise ValueError(f"arm {arm.name!r} is already registered")
+    if arm.section is not None and arm.settings is not None:
+        options.declare(arm.section, arm.settings)
     _ARMS[arm.name] = arm
     return arm
 
 
 def unregister(name: str) -> None:
-    """Remove the arm ``name`` (a plug-in's, when it is done)."""
-    _ARMS.pop(name, None)
+    """Remove the arm ``name`` (a plug-in's, when it is done), and its section when no other arm
+    shares it."""
+    arm = _ARMS.pop(name, None)
+    if arm is not None and arm.section is not None and arm.section not in sections():
+        options.withdraw(arm.section)
+
+
+def sections() -> dict[str, type]:
+    """The registered arms' config sections, by key, in registration order."""
+    return {a.section: a.settings for a in _ARMS.values() if a.section and a.settings}
 
 
 def names() -> tuple[str, ...]:

@@ -9,22 +9,24 @@ One iteration:
    been expanded.
 2. **Execute** it if it has not been: restore its parent with ``ctx.reset(replay=actions)``
    (the replayed actions are env steps of this iteration: ``replay_steps``), then step it.
-3. **Expand**: ``n`` candidates in one request (a backend that returns fewer gets the rest as
+3. **Expand**: ``lats_n`` candidates in one request (a backend that returns fewer gets the rest as
    single requests), parsed and grounded like ReAct's actions, duplicates merged; the value
    function (:mod:`agents.values`) scores each before it is executed.
 4. **Roll out**: from there, execute the best-valued child and expand it, until a terminal state
-   (won, the evaluator's failure verdict, the step cap), ``rollout_depth`` steps, or a node
+   (won, the evaluator's failure verdict, the step cap), ``lats_rollout_depth`` steps, or a node
    whose candidates all score 0 (the value function sees no way on). The rollout needs no
    restore: the env is already where it continues.
 5. **Back-propagate** the reward, which is 1 for ``won`` and 0 for any other terminal state
    (never ``done``); a rollout that stopped early propagates its last node's value estimate.
 6. **Reflect** on a rollout that ended in failure: the reflection is kept on that node, and the
-   last ``reflections`` of them are shown in the expansion prompt (a memory block), so the
+   last ``lats_reflections`` of them are shown in the expansion prompt (a memory block), so the
    proposer sees why earlier branches failed.
 
 Children are executed lazily (only when selected or rolled out), because restoring a node costs a
 reset and a replay of its path; that is also why values score a candidate from its parent's state.
 Budgets per episode: iterations, nodes, env steps (replays included), tokens, wall time.
+The arms' options are the ``lats`` config section (:class:`LatsConfig`), which is also the
+search's settings.
 
 Every iteration's new and changed nodes and its costs are saved through the :class:`SearchLog`
 (the run store) as one unit; a resumed episode rebuilds its tree and continues from the next
@@ -45,8 +47,8 @@ from agents.evaluators import classify_failure
 from agents.llm.base import Completion, Request
 from agents.llm.ground_truth import NO_GROUND_TRUTH, GroundTruth
 from agents.memory_policy import NO_MEMORY, REFLEXION
+from agents.options import option
 from agents.parsing import ParsedAction
-from agents.prompting import actor_prefix, example_texts
 from agents.react import (
     NOTHING_HAPPENS,
     THOUGHT_OBSERVATION,
@@ -55,8 +57,8 @@ from agents.react import (
     actor_request,
     make_step,
 )
-from agents.reflexion import ReflexionSettings, reflect
-from agents.values import Candidate, NodeView, ValueFunction, make_value
+from agents.reflexion import ReflexionSettings, prompt_prefix, reflect
+from agents.values import VALUES, Candidate, NodeView, ValueFunction, make_value
 from memory.records import (
     Reflection,
     SearchEnd,
@@ -69,22 +71,37 @@ from memory.records import (
 
 
 @dataclass(frozen=True)
-class LatsSettings:
-    """The search's sampling, value, UCT constant, reflections and per-episode budgets."""
+class LatsConfig:
+    """Language Agent Tree Search (agents lats, lats+reflexion); budgets are per episode."""
 
-    actor: ActorSettings
-    reflexion: ReflexionSettings  # how failed rollouts are reflected on
-    n: int = 5  # candidates sampled per expansion
-    iterations: int = 30
-    value: str = "llm"  # llm | sc | heuristic | oracle
-    temperature: float = 1.0  # of the expansion samples
-    exploration: float = 1.0  # UCT's constant
-    reflections: int = 2  # failed-rollout reflections shown in the expansion prompt (0: none)
-    rollout_depth: int | None = None  # steps per rollout at most (None: to a terminal state)
-    max_nodes: int | None = None
-    max_env_steps: int | None = None  # replays included
-    max_tokens: int | None = None
-    max_seconds: float | None = None
+    lats_n: int = option(
+        5,
+        "candidate actions sampled per expansion (one request; n requests where the backend "
+        "cannot sample n at once)",
+        minimum=1,
+    )
+    lats_iterations: int = option(30, "search iterations per episode at most", minimum=1)
+    lats_value: str = option(
+        "llm",
+        "value of a candidate: llm (self-evaluation 1-10), sc (self-consistency of the "
+        "samples), heuristic (no model), oracle (distance along the game's known solution: "
+        "privileged, an upper bound for experiments and tests)",
+        choices=VALUES,
+    )
+    lats_temperature: float = option(1.0, "sampling temperature of the expansions", minimum=0.0)
+    lats_exploration: float = option(1.0, "UCT exploration constant", minimum=0.0)
+    lats_reflections: int = option(
+        2, "reflections on failed rollouts shown in the expansion prompt (0: none)", minimum=0
+    )
+    lats_rollout_depth: int | None = option(
+        None, "steps per rollout at most (default: to a terminal state)", minimum=0
+    )
+    lats_max_nodes: int | None = option(None, "tree nodes per episode at most", minimum=1)
+    lats_max_env_steps: int | None = option(
+        None, "env steps per episode at most, replays included", minimum=1
+    )
+    lats_max_tokens: int | None = option(None, "tokens per episode at most", minimum=1)
+    lats_max_seconds: float | None = option(None, "wall time per episode at most", minimum=0.0)
 
 
 @dataclass(eq=False)
@@ -160,18 +177,21 @@ class LatsAgent:
 
     def __init__(
         self,
-        settings: LatsSettings,
+        actor: ActorSettings,
+        reflexion: ReflexionSettings,  # how failed rollouts are reflected on
+        settings: LatsConfig = LatsConfig(),
         log: SearchLog | None = None,
         ground_truth: GroundTruth = NO_GROUND_TRUTH,
     ) -> None:
         self.settings = settings
+        self.reflexion = reflexion
         self.log = log
-        self.actor = Actor(settings.actor)
-        self.value: ValueFunction = make_value(settings.value, ground_truth)
+        self.actor = Actor(actor)
+        self.value: ValueFunction = make_value(settings.lats_value, ground_truth)
         generation = replace(
-            settings.actor.generation, temperature=settings.temperature, n=settings.n
+            actor.generation, temperature=settings.lats_temperature, n=settings.lats_n
         )
-        self.sampling = replace(settings.actor, generation=generation)
+        self.sampling = replace(actor, generation=generation)
 
     async def play(self, ctx: EpisodeContext) -> EpisodeEnd:
         return await _Search(self, ctx).run()
@@ -207,7 +227,7 @@ class _Search:
         if tree is not None and tree.end is not None:
             return self._finish(self.nodes[tree.end.best_node], tree.end.reason, saved=True)
         won: Node | None = None
-        reason = f"iteration budget ({self.s.iterations})"
+        reason = f"iteration budget ({self.s.lats_iterations})"
         while won is None:
             stop = self._budget_spent()
             if stop is not None:
@@ -236,7 +256,8 @@ class _Search:
                 await self._restore(node)
                 await self._expand(node)
             live = [c for c in node.children if not c.dead]
-            if not live or (self.s.rollout_depth is not None and steps >= self.s.rollout_depth):
+            depth = self.s.lats_rollout_depth
+            if not live or (depth is not None and steps >= depth):
                 break
             best = max(live, key=lambda c: c.value)
             if best.value <= 0.0:
@@ -251,7 +272,7 @@ class _Search:
             self.dirty.add(n.id)
         if node.terminal and not node.won:
             self._mark_dead(node)
-            if self.s.reflections > 0:
+            if self.s.lats_reflections > 0:
                 await self._reflect(node)
         self._last_leaf = node
         record = SearchIteration(
@@ -273,7 +294,7 @@ class _Search:
 
     def _uct(self, parent: Node, child: Node) -> float:
         bonus = math.sqrt(math.log(parent.visits + 1) / (child.visits + 1))
-        return child.mean + self.s.exploration * bonus
+        return child.mean + self.s.lats_exploration * bonus
 
     def _mark_dead(self, node: Node | None) -> None:
         while node is not None and (node.terminal or (node.expanded and node.children)):
@@ -285,18 +306,18 @@ class _Search:
 
     def _budget_spent(self) -> str | None:
         s = self.s
-        if self.iteration >= s.iterations:
-            return f"iteration budget ({s.iterations})"
-        if s.max_nodes is not None and len(self.nodes) >= s.max_nodes:
-            return f"node budget ({s.max_nodes})"
+        if self.iteration >= s.lats_iterations:
+            return f"iteration budget ({s.lats_iterations})"
+        if s.lats_max_nodes is not None and len(self.nodes) >= s.lats_max_nodes:
+            return f"node budget ({s.lats_max_nodes})"
         spent = self.env_steps + self.replay_steps
-        if s.max_env_steps is not None and spent >= s.max_env_steps:
-            return f"env step budget ({s.max_env_steps}, replays included)"
-        if s.max_tokens is not None and self.tokens >= s.max_tokens:
-            return f"token budget ({s.max_tokens})"
+        if s.lats_max_env_steps is not None and spent >= s.lats_max_env_steps:
+            return f"env step budget ({s.lats_max_env_steps}, replays included)"
+        if s.lats_max_tokens is not None and self.tokens >= s.lats_max_tokens:
+            return f"token budget ({s.lats_max_tokens})"
         elapsed = self.spent_s + time.monotonic() - self.started
-        if s.max_seconds is not None and elapsed >= s.max_seconds:
-            return f"wall-time budget ({s.max_seconds:g} s)"
+        if s.lats_max_seconds is not None and elapsed >= s.lats_max_seconds:
+            return f"wall-time budget ({s.lats_max_seconds:g} s)"
         return None
 
     # -- env ---------------------------------------------------------------------------------
@@ -358,8 +379,8 @@ class _Search:
             game=spec.game, trial=spec.trial, seed=seed, episode=spec.episode_id,
         )  # fmt: skip
         first = await self._generate(request)
-        texts = [first.text, *first.alternatives][: s.n]
-        for k in range(len(texts), s.n):  # a backend that cannot sample n at once
+        texts = [first.text, *first.alternatives][: s.lats_n]
+        for k in range(len(texts), s.lats_n):  # a backend that cannot sample n at once
             one = replace(request, config=replace(request.config, n=1, seed=seed + k))
             texts.append((await self._generate(one)).text)
         merged: dict[tuple[str, str], tuple[ParsedAction, int]] = {}
@@ -375,7 +396,7 @@ class _Search:
             observation=self.observation,
             steps=tuple(steps),
             state=self.state,
-            max_steps=s.actor.max_steps,
+            max_steps=self.agent.actor.settings.max_steps,
             game=spec.game,
             trial=spec.trial,
             seed=spec.seed,
@@ -392,22 +413,21 @@ class _Search:
 
     def _prefix(self) -> str:
         """The expansion prompt's fixed part: the episode's, plus the last failed-rollout
-        reflections when there are any."""
+        reflections when there are any (made as the trial loop makes every actor's prefix)."""
         spec = self.ctx.spec
-        shown = [n.reflection for n in self.nodes if n.reflection][-self.s.reflections :]
-        if not shown or self.s.reflections == 0:
+        shown = [n.reflection for n in self.nodes if n.reflection][-self.s.lats_reflections :]
+        if not shown or self.s.lats_reflections == 0:
             return spec.prefix
         items = [
             Reflection(spec.game, spec.trial, spec.episode_id, "lats", "", text) for text in shown
         ]
-        examples = example_texts(spec.task_type, self.s.reflexion.prompts_file)
-        return actor_prefix(examples, [*spec.memory, *items])
+        return prompt_prefix(self.agent.reflexion, spec.task_type, [*spec.memory, *items])
 
     async def _reflect(self, node: Node) -> None:
         spec = self.ctx.spec
         made = await reflect(
             _Counted(self),
-            self.s.reflexion,
+            self.agent.reflexion,
             task=spec.game,
             trial=spec.trial,
             episode_id=spec.episode_id,
@@ -523,15 +543,10 @@ class _Counted:
 
 
 def _build(ctx: ArmContext) -> LatsAgent:
-    t = ctx.config.lats
-    settings = LatsSettings(
-        actor=ctx.actor, reflexion=ctx.reflexion, n=t.lats_n, iterations=t.lats_iterations,
-        value=t.lats_value, temperature=t.lats_temperature, exploration=t.lats_exploration,
-        reflections=t.lats_reflections, rollout_depth=t.lats_rollout_depth,
-        max_nodes=t.lats_max_nodes, max_env_steps=t.lats_max_env_steps,
-        max_tokens=t.lats_max_tokens, max_seconds=t.lats_max_seconds,
-    )  # fmt: skip
-    return LatsAgent(settings, ctx.search_log, ctx.ground_truth)
+    return LatsAgent(ctx.actor, ctx.reflexion, ctx.settings, ctx.search_log, ctx.ground_truth)
 
 
-ARMS = (Arm("lats", _build, NO_MEMORY), Arm("lats+reflexion", _build, REFLEXION))
+ARMS = (
+    Arm("lats", _build, NO_MEMORY, section="lats", settings=LatsConfig),
+    Arm("lats+reflexion", _build, REFLEXION, section="lats", settings=LatsConfig),
+)

@@ -7,10 +7,13 @@ a replan is another such step (``think: Revised plan for the remaining steps: ..
 are thoughts: with ``count_thoughts`` they use up the step budget like any thought.
 
 Failure signals: the evaluator's loop verdict (the same action and observation over and over;
-not the action cap, which no plan can undo), or ``nothing_streak`` "Nothing happens." answers in
-a row. Each calls the replanner, at most ``max_replans`` times; after that the evaluator ends the
-episode as it would a ReAct episode. Plan calls are ``purpose="plan"``: the engine sends them to
-the planner model (default: the actor's).
+not the action cap, which no plan can undo), or ``replan_after_nothing`` "Nothing happens."
+answers in a row. Each calls the replanner, at most ``max_replans`` times; after that the
+evaluator ends the episode as it would a ReAct episode. Plan calls are ``purpose="plan"``: the
+engine sends them to the planner model (default: the actor's).
+
+The arms' options are the ``planning`` config section (:class:`PlanningConfig`), which is also the
+agent's settings.
 """
 
 from __future__ import annotations
@@ -25,27 +28,32 @@ from agents.evaluators import count_actions
 from agents.llm.base import CallSite, Completion, GenerationConfig, Request
 from agents.llm.markers import NO_PLAN, PLAN_PREFIX, REPLAN_PREFIX, render_plan
 from agents.memory_policy import NO_MEMORY, REFLEXION
+from agents.options import model_spec, option
 from agents.parsing import ParsedAction
 from agents.prompting import example_texts, render_transcript, template, transcript_pairs
 from agents.react import NOTHING_HAPPENS, THOUGHT_OBSERVATION, Actor, ActorSettings, make_step
 from memory.records import FailureClass, Step, StepKind
 
 PLAN_STOPS = ("\n\n",)
+MAX_PLAN_STEPS = 30  # plan items kept at most
 _ITEM = re.compile(r"^\s*(?:\d+\s*[.):]|[-*•])\s*(?P<text>.+?)\s*$")
 
 
 @dataclass(frozen=True)
-class PlanSettings:
-    """How the plan is written and when it is rewritten."""
+class PlanningConfig:
+    """Plan-and-Execute (agents plan, plan+reflexion): plan, execute with ReAct, replan."""
 
-    max_replans: int = 2
-    nothing_streak: int = 3  # "Nothing happens." answers in a row that call the replanner
-    max_tokens: int = 256
-    max_plan_steps: int = 30
-    prompts_file: str | None = None  # the examples the plans are shown from
+    planner_model: str | None = option(
+        None, "model spec of the planner and replanner (default: the actor's)", check=model_spec
+    )
+    max_replans: int = option(2, "replans per episode at most", minimum=0)
+    replan_after_nothing: int = option(
+        3, 'answers of "Nothing happens." in a row that call the replanner', minimum=1
+    )
+    plan_max_tokens: int = option(256, "tokens per plan at most", minimum=1)
 
 
-def parse_plan(text: str, limit: int = 30) -> list[str]:
+def parse_plan(text: str, limit: int = MAX_PLAN_STEPS) -> list[str]:
     """The actions of a numbered (or bulleted) list, in order; the first line when the text
     has no list. Model text is untrusted: never raises."""
     items = []
@@ -97,9 +105,12 @@ def replanner_prompt(
 class PlanExecuteAgent:
     """Plans, executes with the ReAct actor, replans after a failure signal (module docstring)."""
 
-    def __init__(self, actor: ActorSettings, settings: PlanSettings) -> None:
+    def __init__(
+        self, actor: ActorSettings, settings: PlanningConfig, prompts: str | None = None
+    ) -> None:
         self.actor = Actor(actor)
         self.settings = settings
+        self.prompts = prompts  # the examples file the plans are shown from (None: packaged)
 
     async def play(self, ctx: EpisodeContext) -> EpisodeEnd:
         state, observation, steps, truncated = await self.actor.start(ctx)
@@ -141,7 +152,7 @@ class PlanExecuteAgent:
             if s.observation != NOTHING_HAPPENS:
                 break
             streak += 1
-        if streak >= self.settings.nothing_streak:
+        if streak >= self.settings.replan_after_nothing:
             return f'{streak} actions in a row answered "{NOTHING_HAPPENS}"'
         return None
 
@@ -155,7 +166,7 @@ class PlanExecuteAgent:
     ) -> Step:
         """The plan step (``signal`` None) or a replan step after ``signal``."""
         spec = ctx.spec
-        examples = example_texts(spec.task_type, self.settings.prompts_file)
+        examples = example_texts(spec.task_type, self.prompts)
         if signal is None:
             prompt = planner_prompt(examples, observation)
         else:
@@ -163,7 +174,7 @@ class PlanExecuteAgent:
         history = transcript_pairs(steps)
         request = Request(
             config=GenerationConfig(
-                temperature=0.0, max_tokens=self.settings.max_tokens, stop=PLAN_STOPS,
+                temperature=0.0, max_tokens=self.settings.plan_max_tokens, stop=PLAN_STOPS,
                 seed=spec.seed,
             ),
             prompt=prompt,
@@ -179,21 +190,17 @@ class PlanExecuteAgent:
             ),
         )  # fmt: skip
         completion: Completion = await ctx.generate(request)
-        items = parse_plan(completion.text, self.settings.max_plan_steps)
+        items = parse_plan(completion.text)
         prefix = PLAN_PREFIX if signal is None else REPLAN_PREFIX
         parsed = ParsedAction(StepKind.THINK, completion.text, prefix + render_plan(items))
         return make_step(len(steps), parsed, completion, THOUGHT_OBSERVATION, True)
 
 
 def _build(ctx: ArmContext) -> PlanExecuteAgent:
-    p = ctx.config.planning
-    settings = PlanSettings(
-        max_replans=p.max_replans,
-        nothing_streak=p.replan_after_nothing,
-        max_tokens=p.plan_max_tokens,
-        prompts_file=ctx.config.protocol.prompts,
-    )
-    return PlanExecuteAgent(ctx.actor, settings)
+    return PlanExecuteAgent(ctx.actor, ctx.settings, ctx.reflexion.prompts)
 
 
-ARMS = (Arm("plan", _build, NO_MEMORY), Arm("plan+reflexion", _build, REFLEXION))
+ARMS = (
+    Arm("plan", _build, NO_MEMORY, section="planning", settings=PlanningConfig),
+    Arm("plan+reflexion", _build, REFLEXION, section="planning", settings=PlanningConfig),
+)

@@ -45,6 +45,11 @@ def sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def file_sha256(path: str | Path) -> str:
+    """sha256 of a file's bytes (what a manifest records of a file the run read)."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
 @dataclass(frozen=True)
 class Example:
     """A solved transcript: the first observation and the (action, observation) pairs."""

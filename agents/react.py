@@ -37,8 +37,9 @@ class ActorSettings:
     grounding: GroundingRules
     max_steps: int
     count_thoughts: bool = True
-    decoding: str = "free"  # free | grounded | nearest (see experiments' action_decoding)
+    action_decoding: str = "free"  # free | grounded | nearest (the config's action_decoding)
     protocol: str = "reflexsim"  # reflexsim | reflexion-code (agents.reflexion_code)
+    code_put_to_move: bool = False  # reflexion-code: send put X in/on Y as move X to Y
 
     @property
     def code_protocol(self) -> bool:
@@ -71,7 +72,9 @@ def actor_request(
         config=replace(settings.generation, seed=seed),
         prompt=prompt_at(ctx_spec_prefix, observation, steps, settings.protocol),
         purpose="act",
-        constraint=ActionConstraint(state.admissible) if settings.decoding == "grounded" else None,
+        constraint=ActionConstraint(state.admissible)
+        if settings.action_decoding == "grounded"
+        else None,
         site=CallSite(
             episode=episode,
             game=game,
@@ -153,8 +156,8 @@ class Actor:
     ) -> tuple[Step, EnvReply, bool]:
         """One step of the ``reflexion-code`` protocol (see :mod:`agents.reflexion_code`): up to
         six tries while the output is short, each a recorded call; the stripped text (or "")
-        goes to the env as it is (``put X in/on Y`` as ``move X to Y`` only when the grounding
-        rules ask for it; the prompt then shows what was sent); a ``think:`` action is shown
+        goes to the env as it is (``put X in/on Y`` as ``move X to Y`` only with
+        ``code_put_to_move``; the prompt then shows what was sent); a ``think:`` action is shown
         with ``OK.``."""
         base = request.config
         texts: list[Completion] = []
@@ -168,7 +171,7 @@ class Actor:
                 text = out
                 break
         action = text.strip()
-        if self.settings.grounding.put_to_move:  # asked for: ALFWorld 0.4's move X to Y
+        if self.settings.code_put_to_move:  # asked for: ALFWorld 0.4's move X to Y
             action = put_to_move(action)
         state = await ctx.step(action)
         if code.is_thought(action):
@@ -197,7 +200,7 @@ class Actor:
         """The model's text as a step; with ``nearest`` decoding an action that is not admissible
         is replaced by the most similar admissible command (``agents.llm.grounding``)."""
         parsed = parse_action(text, self.settings.grounding)
-        if self.settings.decoding != "nearest" or parsed.kind == StepKind.THINK:
+        if self.settings.action_decoding != "nearest" or parsed.kind == StepKind.THINK:
             return parsed
         if parsed.kind == StepKind.ACT and parsed.action in admissible:
             return parsed

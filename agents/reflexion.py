@@ -63,7 +63,7 @@ class ReflexionSettings:
     memory_size: int  # Ω: reflections shown to the actor
     reflect_model: str  # recorded as the reflection's provenance
     reflect_max_tokens: int = 256
-    prompts_file: str | None = None
+    prompts: str | None = None  # the examples file (None: the packaged examples)
     seed: int | None = 0
     reflection_format: str = "free"  # free | critique
     reflection_max_chars: int | None = None  # cap on the text kept (None: no cap)
@@ -75,7 +75,7 @@ class ReflexionSettings:
     def code_protocol(self) -> bool:
         return self.protocol == code.CODE_PROTOCOL
 
-    def prompts(self) -> code.CodePrompts:
+    def code_files(self) -> code.CodePrompts:
         """The reflexion-code protocol's files (the runner loads them before the run)."""
         if self.code_prompts is None:
             raise ValueError("the reflexion-code protocol needs its prompt files")
@@ -123,9 +123,9 @@ def prompt_prefix(
     """The actor's fixed prompt part: examples, then the memory shown (what the arm's memory
     policy recalls: :mod:`agents.memory_policy`)."""
     if settings.code_protocol:
-        return code.actor_prefix(settings.prompts(), task_type, [r.text for r in reflections])
+        return code.actor_prefix(settings.code_files(), task_type, [r.text for r in reflections])
     return actor_prefix(
-        example_texts(task_type, settings.prompts_file), reflections, facts, settings.instruction
+        example_texts(task_type, settings.prompts), reflections, facts, settings.instruction
     )
 
 
@@ -200,7 +200,7 @@ async def reflect(
     if settings.code_protocol:
         pairs = [(s.action, s.observation) for s in steps]
         window = [r.text for r in past]
-        prompt = code.reflection_prompt(settings.prompts(), observation, pairs, window, summary)
+        prompt = code.reflection_prompt(settings.code_files(), observation, pairs, window, summary)
         stop: tuple[str, ...] = ()
     elif critique:
         prompt = template("reflection_critique").format(

@@ -1,11 +1,15 @@
 """The run configuration: one tree of frozen dataclasses, the single source of every option.
 
-Each leaf field is declared once, with :func:`option` (default, docstring, and what the tree
-derives from it). From the tree come: the ``run`` flags and ``--help`` (one argparse group per
-section, a flag per leaf), the YAML keys (a leaf's own name, at the top level as always, or
-inside its section: ``protocol: {trials: 5}``), the keys that may change on ``--resume``
-(``resumable=True``), validation (``choices``, ``minimum``), and the manifest (:meth:`to_dict`).
-Leaf names are unique across sections, so today's flat keys keep working everywhere.
+Each leaf field is declared once, with :func:`~agents.options.option` (default, docstring, and
+what the tree derives from it). The run's own sections are declared here; an arm's options are
+its own section, declared in its module and named by its :class:`~agents.arm.Arm` record: the
+tree takes the registered arms' sections from the registry (:func:`section_types`), so an arm
+registered later brings its flags, YAML keys and ``--help`` with it. From the tree come: the
+``run`` flags and ``--help`` (one argparse group per section, a flag per leaf), the YAML keys (a
+leaf's own name, at the top level as always, or inside its section: ``protocol: {trials: 5}``),
+the keys that may change on ``--resume`` (``resumable=True``), validation (``choices``,
+``minimum``), and the manifest (:meth:`to_dict`). Leaf names are unique across sections
+(:func:`agents.options.declare` refuses a clash), so today's flat keys keep working everywhere.
 
 A small generator of its own rather than a CLI library: the flags and YAML keys are an existing
 public surface (``--game`` repeats, ``--no-count-thoughts``, only flags given override a file or
@@ -21,16 +25,16 @@ import math
 import os
 import re
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agents.llm.specs import parse_spec
+from agents import arms
+from agents.options import declare, leaf_names, model_spec, option
 from agents.reflexion_code import CODE_PROTOCOL
 from experiments.errors import ConfigError
 
-LATS_VALUES = ("llm", "sc", "heuristic", "oracle")
 REFLECTION_FORMATS = ("free", "critique")
 EVALUATORS = ("paper", "code", "llm")
 PROTOCOLS = ("reflexsim", CODE_PROTOCOL)
@@ -38,47 +42,9 @@ ENVS = ("alfworld", "textworld")
 SPLITS = ("train", "eval_in_distribution", "eval_out_of_distribution")
 
 
-def option(
-    default: Any,
-    help: str,
-    *,
-    choices: tuple[str, ...] | Callable[[], tuple[str, ...]] | None = None,
-    minimum: float | None = None,
-    maximum: float | None = None,
-    above: float | None = None,
-    check: Callable[[Any], object] | None = None,
-    resumable: bool = False,
-    flag: str | None = None,
-) -> Any:
-    """A config leaf: its default, its docstring (the ``--help`` text), and its rules.
-
-    ``minimum``/``maximum`` bound a number (inclusive), ``above`` excludes its bound (``top_p``
-    must be > 0); ``check`` parses the value the way the run will (a model spec, a deadline) and
-    raises ``ValueError`` naming the fix. A float is never NaN or infinite (None means "no
-    limit")."""
-    meta: dict[str, Any] = {"help": help, "choices": choices, "resumable": resumable}
-    meta.update(flag=flag, minimum=minimum, maximum=maximum, above=above, check=check)
-    if isinstance(default, dict | list | tuple):
-        frozen = default
-        return field(default_factory=lambda: type(frozen)(frozen), metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-def arm_names() -> tuple[str, ...]:
-    """The ``--agent`` choices: the registered arms (read when they are checked, so an arm
-    registered after this module was imported is one)."""
-    from agents import arms  # lazily: the arm modules are not needed to read a config
-
-    return arms.names()
-
-
 def _choices(meta: Mapping[str, Any]) -> tuple[str, ...] | None:
     choices = meta["choices"]
     return choices() if callable(choices) else choices
-
-
-def _model_spec(value: str) -> None:
-    parse_spec(value)  # a bad spec is refused here, before a run directory is touched
 
 
 def _deadline(value: str) -> None:
@@ -99,7 +65,7 @@ class ModelConfig:
         "embedded",
         "model spec: embedded[:gemma3-270m|smollm2-135m], vllm:ID, openai:MODEL, "
         "anthropic:MODEL, hf:ID, llamacpp:PATH, scripted:expert|random|learner|replay:DIR",
-        check=_model_spec,
+        check=model_spec,
     )
     base_url: str | None = option(
         None,
@@ -107,7 +73,7 @@ class ModelConfig:
         "shard the games across servers",
     )
     reflect_model: str | None = option(
-        None, "model spec for self-reflection (default: the actor's)", check=_model_spec
+        None, "model spec for self-reflection (default: the actor's)", check=model_spec
     )
     chat_format: str | None = option(None, "how chat backends receive completion prompts")
     backend_options: dict[str, Any] = option(
@@ -144,7 +110,7 @@ class ProtocolConfig:
         "arm: react (resampling baseline), reflexion, reflexion+explore, epm (the last failed "
         "trajectories in memory instead of reflections), plan, plan+reflexion "
         "(Plan-and-Execute), lats, lats+reflexion (tree search)",
-        choices=arm_names,
+        choices=arms.names,  # read when checked: an arm registered later is one
     )
     trials: int = option(3, "number of trials", minimum=1, resumable=True)
     memory_size: int = option(3, "reflections shown to the actor (Omega)", minimum=0)
@@ -191,8 +157,6 @@ class ProtocolConfig:
 
     def __post_init__(self) -> None:
         if self.protocol == CODE_PROTOCOL:
-            from agents import arms
-
             arm = arms.find(self.agent)
             if arm is not None and not arm.code_protocol:
                 played = " or ".join(a for a in arms.names() if arms.get(a).code_protocol)
@@ -384,54 +348,6 @@ class ClusterConfig:
 
 
 @dataclass(frozen=True)
-class PlanningConfig:
-    """Plan-and-Execute (agents plan, plan+reflexion): plan, execute with ReAct, replan."""
-
-    planner_model: str | None = option(
-        None, "model spec of the planner and replanner (default: the actor's)", check=_model_spec
-    )
-    max_replans: int = option(2, "replans per episode at most", minimum=0)
-    replan_after_nothing: int = option(
-        3, 'answers of "Nothing happens." in a row that call the replanner', minimum=1
-    )
-    plan_max_tokens: int = option(256, "tokens per plan at most", minimum=1)
-
-
-@dataclass(frozen=True)
-class LatsConfig:
-    """Language Agent Tree Search (agents lats, lats+reflexion); budgets are per episode."""
-
-    lats_n: int = option(
-        5,
-        "candidate actions sampled per expansion (one request; n requests where the backend "
-        "cannot sample n at once)",
-        minimum=1,
-    )
-    lats_iterations: int = option(30, "search iterations per episode at most", minimum=1)
-    lats_value: str = option(
-        "llm",
-        "value of a candidate: llm (self-evaluation 1-10), sc (self-consistency of the "
-        "samples), heuristic (no model), oracle (distance along the game's known solution: "
-        "privileged, an upper bound for experiments and tests)",
-        choices=LATS_VALUES,
-    )
-    lats_temperature: float = option(1.0, "sampling temperature of the expansions", minimum=0.0)
-    lats_exploration: float = option(1.0, "UCT exploration constant", minimum=0.0)
-    lats_reflections: int = option(
-        2, "reflections on failed rollouts shown in the expansion prompt (0: none)", minimum=0
-    )
-    lats_rollout_depth: int | None = option(
-        None, "steps per rollout at most (default: to a terminal state)", minimum=0
-    )
-    lats_max_nodes: int | None = option(None, "tree nodes per episode at most", minimum=1)
-    lats_max_env_steps: int | None = option(
-        None, "env steps per episode at most, replays included", minimum=1
-    )
-    lats_max_tokens: int | None = option(None, "tokens per episode at most", minimum=1)
-    lats_max_seconds: float | None = option(None, "wall time per episode at most", minimum=0.0)
-
-
-@dataclass(frozen=True)
 class SafeguardConfig:
     """Safeguards of reflect-then-retry (each is recorded with the run)."""
 
@@ -459,13 +375,18 @@ class SafeguardConfig:
         None,
         "model spec that re-runs each task still unsolved after the last trial, once "
         "(reported apart from the trials)",
-        check=_model_spec,
+        check=model_spec,
     )
+
+
+def _arm_defaults() -> tuple[tuple[str, Any], ...]:
+    return tuple((key, kind()) for key, kind in arms.sections().items())
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    """The whole configuration of a run: one section per concern."""
+    """The whole configuration of a run: one section per concern, then the registered arms'
+    sections (``arm_sections``: ``(key, section)`` pairs; read one with :meth:`section`)."""
 
     models: ModelConfig = field(default_factory=ModelConfig)
     protocol: ProtocolConfig = field(default_factory=ProtocolConfig)
@@ -474,10 +395,22 @@ class RunConfig:
     execution: ExecutionConfig = field(default_factory=ExecutionConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     server: ServeConfig = field(default_factory=ServeConfig)
-    planning: PlanningConfig = field(default_factory=PlanningConfig)
-    lats: LatsConfig = field(default_factory=LatsConfig)
     safeguards: SafeguardConfig = field(default_factory=SafeguardConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    arm_sections: tuple[tuple[str, Any], ...] = field(default_factory=_arm_defaults)
+
+    def section(self, key: str) -> Any:
+        """The section ``key``: the run's own or a registered arm's (its defaults when the arm
+        was registered after this config was made)."""
+        if key in CORE_SECTIONS:
+            return getattr(self, key)
+        found = dict(self.arm_sections).get(key)
+        if found is not None:
+            return found
+        kind = arms.sections().get(key)
+        if kind is None:
+            raise KeyError(f"no config section {key!r}")
+        return kind()
 
     @classmethod
     def of(cls, **values: Any) -> RunConfig:
@@ -493,16 +426,17 @@ class RunConfig:
         writes or prints (the manifest's ``config``, config.yaml, ``--verbose``), without
         secrets (see :func:`public_values`)."""
         out: dict[str, Any] = {}
-        for section in SECTIONS:
-            for name in LEAVES_BY_SECTION[section]:
-                value = getattr(getattr(self, section), name)
+        for key, kind in section_types().items():
+            section = self.section(key)
+            for name in leaf_names(kind):
+                value = getattr(section, name)
                 out[name] = list(value) if isinstance(value, tuple) else value
         return public_values(out) if public else out
 
     def to_tree(self, *, public: bool = False) -> dict[str, dict[str, Any]]:
         """The same, by section (config.yaml and ``--verbose`` write it with ``public``)."""
         flat = self.to_dict(public=public)
-        return {s: {n: flat[n] for n in LEAVES_BY_SECTION[s]} for s in SECTIONS}
+        return {s: {n: flat[n] for n in leaf_names(t)} for s, t in section_types().items()}
 
 
 # Option names that hold a secret (api_key, access_token, password, ...), never written.
@@ -538,19 +472,35 @@ def public_values(values: Mapping[str, Any]) -> dict[str, Any]:
     return {k: public_value(v) for k, v in values.items()}
 
 
-SECTION_TYPES: dict[str, type] = {f.name: f.default_factory for f in dataclasses.fields(RunConfig)}  # type: ignore[misc]
-SECTIONS = tuple(SECTION_TYPES)
-LEAVES_BY_SECTION: dict[str, tuple[str, ...]] = {
-    s: tuple(f.name for f in dataclasses.fields(t)) for s, t in SECTION_TYPES.items()
+# The run's own sections (every RunConfig field but the arms'), declared so that an arm's section
+# that reuses one of their keys is refused when the arm is registered.
+CORE_SECTIONS: dict[str, type] = {
+    f.name: f.default_factory  # type: ignore[misc]
+    for f in dataclasses.fields(RunConfig)
+    if f.name != "arm_sections"
 }
-LEAVES: dict[str, tuple[str, dataclasses.Field[Any]]] = {
-    f.name: (s, f) for s, t in SECTION_TYPES.items() for f in dataclasses.fields(t)
-}
-RESUMABLE_KEYS = frozenset(n for n, (_, f) in LEAVES.items() if f.metadata["resumable"])
+for _key, _kind in CORE_SECTIONS.items():
+    declare(_key, _kind)
+
+
+def section_types() -> dict[str, type]:
+    """Every section by key: the run's own, then the registered arms' (read now: an arm
+    registered later brings its section)."""
+    return {**CORE_SECTIONS, **arms.sections()}
+
+
+def leaves() -> dict[str, tuple[str, dataclasses.Field[Any]]]:
+    """Every leaf by name: its section's key and its field."""
+    return {f.name: (s, f) for s, t in section_types().items() for f in dataclasses.fields(t)}
+
+
+def resumable_keys() -> frozenset[str]:
+    """The keys that may change on ``--resume``."""
+    return frozenset(n for n, (_, f) in leaves().items() if f.metadata["resumable"])
 
 
 def _hints(section: str) -> dict[str, Any]:
-    return typing.get_type_hints(SECTION_TYPES[section])
+    return typing.get_type_hints(section_types()[section])
 
 
 def _base_type(hint: Any) -> Any:
@@ -569,7 +519,7 @@ def _unknown(key: str, known: list[str], source: str, where: str = "") -> Config
 
 
 def _coerce(name: str, value: Any, source: str) -> Any:
-    section, f = LEAVES[name]
+    section, f = leaves()[name]
     kind = _base_type(_hints(section)[name])
     if value is None:
         return None
@@ -653,17 +603,19 @@ def flatten(values: Mapping[str, Any], source: str = "config") -> dict[str, Any]
     """Leaf keys from a mapping of leaf keys and/or sections; unknown keys are errors that name
     the closest known key."""
     out: dict[str, Any] = {}
+    kinds, known = section_types(), leaves()
     for key, value in values.items():
         name = str(key).replace("-", "_")
-        if name in SECTION_TYPES and isinstance(value, Mapping):
+        if name in kinds and isinstance(value, Mapping):
+            names = leaf_names(kinds[name])
             for sub, v in value.items():
                 leaf = str(sub).replace("-", "_")
-                if leaf not in LEAVES_BY_SECTION[name]:
-                    raise _unknown(leaf, list(LEAVES_BY_SECTION[name]), source, f"{name}.")
+                if leaf not in names:
+                    raise _unknown(leaf, list(names), source, f"{name}.")
                 out[leaf] = v
             continue
-        if name not in LEAVES:
-            raise _unknown(name, [*LEAVES, *SECTIONS], source)
+        if name not in known:
+            raise _unknown(name, [*known, *kinds], source)
         out[name] = value
     return out
 
@@ -672,10 +624,11 @@ def from_mapping(values: Mapping[str, Any], source: str = "config") -> RunConfig
     """A RunConfig from leaf keys and/or sections (``-`` or ``_``); checked leaf by leaf."""
     flat = {n: _coerce(n, v, source) for n, v in flatten(values, source).items()}
     sections = {
-        s: SECTION_TYPES[s](**{n: flat[n] for n in LEAVES_BY_SECTION[s] if n in flat})
-        for s in SECTIONS
+        s: kind(**{n: flat[n] for n in leaf_names(kind) if n in flat})
+        for s, kind in section_types().items()
     }
-    return RunConfig(**sections)
+    core = {s: sections.pop(s) for s in CORE_SECTIONS}
+    return RunConfig(**core, arm_sections=tuple(sections.items()))
 
 
 def load_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -729,11 +682,11 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help="YAML file of config keys, or a preset name (paper, scale, scale-cpu, ...): "
         "flags override it",
     )
-    for section in SECTIONS:
-        doc = (SECTION_TYPES[section].__doc__ or "").strip()
+    for section, section_type in section_types().items():
+        doc = (section_type.__doc__ or "").strip()
         group = parser.add_argument_group(f"{section} ({section}: in YAML)", doc)
         hints = _hints(section)
-        for f in dataclasses.fields(SECTION_TYPES[section]):
+        for f in dataclasses.fields(section_type):
             meta = f.metadata
             flag = meta["flag"] or "--" + f.name.replace("_", "-")
             kind = _base_type(hints[f.name])
@@ -763,7 +716,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 
 def flag_values(args: argparse.Namespace) -> dict[str, Any]:
     """The config leaves given as flags."""
-    return {k: v for k, v in vars(args).items() if k in LEAVES and v is not None}
+    known = leaves()
+    return {k: v for k, v in vars(args).items() if k in known and v is not None}
 
 
 def resolve(args: argparse.Namespace, base: Mapping[str, Any] | None = None) -> RunConfig:

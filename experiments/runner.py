@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
 import json
 import logging
 import os
@@ -13,38 +12,42 @@ import platform
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Protocol
 
 from agents import arms
-from agents.arm import ArmContext, SearchLog
-from agents.episode import Agent
-from agents.evaluators import make_evaluator
 from agents.llm import make_backend
-from agents.llm.base import Backend, GenerationConfig
+from agents.llm.base import Backend
 from agents.llm.ground_truth import NO_GROUND_TRUTH, GroundTruth
-from agents.parsing import GroundingRules
-from agents.prompting import PromptFileError, load_original_prompts, sha256, template_hashes
-from agents.react import ActorSettings
-from agents.reflexion import ReflexionSettings
-from agents.reflexion_code import CODE_PROTOCOL, CodePrompts, layout_text, read_wording
+from agents.prompting import file_sha256, template_hashes
 from envs.aio import AsyncEnvPool
 from envs.ground_truth import GameFileTruth
+from experiments.arming import (
+    backend_options,
+    build_agent,
+    check_prompts_file,
+    code_prompts,
+    extra_backends,
+    generation_config,
+    instruction,
+    prompt_file_hashes,
+    trial_plan_of,
+)
 from experiments.config import (
-    RESUMABLE_KEYS,
     RunConfig,
     data_root,
     parse_deadline,
     public_values,
+    resumable_keys,
 )
 from experiments.engine import Engine, ModelClient, Usage
 from experiments.errors import ConfigError, RunStoreError
 from experiments.lock import DirLock
 from experiments.store import DB_NAME, LOCK_NAME, RunStore
 from experiments.terminal import EscapingFormatter, QuietFileHandler
-from experiments.trials import Escalation, Safeguards, Task, TrialLoop, TrialPlan
+from experiments.trials import Escalation, Task, TrialLoop
 
 log = logging.getLogger("reflexsim.runner")
 
@@ -159,10 +162,6 @@ def _textworld_games(cfg: RunConfig) -> GameSet:
     return GameSet("textworld", kwargs, tasks, {g: found[g] for g in ids}, f"TextWorld {game_dir}")
 
 
-def _file_hash(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def _versions() -> dict[str, str]:
     out = {}
     for dist in ("reflexsim", "alfworld", "textworld", "gymnasium", "vllm", "openai", "anthropic",
@@ -198,9 +197,9 @@ def build_manifest(
         "versions": _versions(),
         "git_commit": _git_commit(),
         "action_syntax": ACTION_SYNTAX,
-        "games": {g: _file_hash(p) for g, p in sorted(games.files.items())},
+        "games": {g: file_sha256(p) for g, p in sorted(games.files.items())},
         "prompt_templates": template_hashes(),
-        "prompts_file": _file_hash(Path(cfg.protocol.prompts)) if cfg.protocol.prompts else None,
+        "prompts_file": file_sha256(Path(cfg.protocol.prompts)) if cfg.protocol.prompts else None,
         "protocol": cfg.protocol.protocol,
         "prompt_files": prompt_file_hashes(cfg),
         "actor": describe(actor),
@@ -220,7 +219,7 @@ def manifest_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     old_cfg, new_cfg = public_values(old.get("config", {})), public_values(new.get("config", {}))
     defaults = RunConfig().to_dict()
     for key in sorted(set(old_cfg) | set(new_cfg)):
-        if key in RESUMABLE_KEYS:
+        if key in resumable_keys():
             continue
         # a key a newer version added reads as its default in an older manifest
         was, now = old_cfg.get(key, defaults.get(key)), new_cfg.get(key, defaults.get(key))
@@ -234,39 +233,18 @@ def manifest_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return diffs
 
 
-def generation_config(cfg: RunConfig) -> GenerationConfig:
-    return GenerationConfig(
-        temperature=cfg.models.temperature,
-        top_p=cfg.models.top_p,
-        max_tokens=cfg.models.max_tokens,
-        stop=("\n",),
-        seed=cfg.protocol.seed,
-    )
-
-
 def default_run_dir(cfg: RunConfig) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     model = "".join(c if c.isalnum() or c in "-_." else "_" for c in cfg.models.model)[:40]
     return Path("runs") / f"{stamp}-{model}-{cfg.protocol.agent.replace('+', '_')}"
 
 
-def _backend_options(cfg: RunConfig) -> dict[str, Any]:
-    options = dict(cfg.models.backend_options)
-    if cfg.models.base_url:
-        options["base_url"] = cfg.models.base_url
-    if cfg.models.chat_format:
-        options["chat_format"] = cfg.models.chat_format
-    return options
-
-
 def make_backends(cfg: RunConfig, truth: GroundTruth = NO_GROUND_TRUTH) -> tuple[Backend, Backend]:
-    actor = make_backend(cfg.models.model, ground_truth=truth, **_backend_options(cfg))
+    actor = make_backend(cfg.models.model, ground_truth=truth, **backend_options(cfg))
     if cfg.models.reflector == cfg.models.model:
         return actor, actor
     try:
-        return actor, make_backend(
-            cfg.models.reflector, ground_truth=truth, **_backend_options(cfg)
-        )
+        return actor, make_backend(cfg.models.reflector, ground_truth=truth, **backend_options(cfg))
     except BaseException:
         actor.close()
         raise
@@ -389,17 +367,6 @@ def _close_all(backends: list[Backend]) -> None:
         backend.close()
 
 
-def check_prompts_file(cfg: RunConfig, games: GameSet) -> None:
-    """The ``prompts`` file read whole, with a pair of examples for every task type the run
-    plays: a bad file is one line now, not a crash once the run is under way."""
-    if not cfg.protocol.prompts:
-        return
-    try:
-        load_original_prompts(cfg.protocol.prompts, sorted({t.task_type for t in games.tasks}))
-    except PromptFileError as exc:
-        raise ConfigError(f"--prompts: {exc}") from None
-
-
 def run_lock(run_dir: Path) -> DirLock:
     """The lock of one writer per run directory, held for the run's whole life."""
     return DirLock(run_dir, LOCK_NAME)
@@ -426,8 +393,8 @@ def prepare(
 
         import_ray()  # --ray without the extra is a one-line error, here as anywhere
     games = select_games(cfg)
-    check_prompts_file(cfg, games)  # the prompt files: one-line errors before anything
-    _instruction(cfg)
+    check_prompts_file(cfg, games.tasks)  # the prompt files: one-line errors before anything
+    instruction(cfg)
     code_prompts(cfg)
     if resume:
         run_dir = Path(resume)
@@ -476,7 +443,7 @@ def _prepare(
         refuse_existing(run_dir)
     actor, reflector = make_backends(cfg, games.ground_truth)
     try:
-        extras = _extra_backends(cfg, games.ground_truth)
+        extras = extra_backends(cfg, games.ground_truth)
     except BaseException:
         _close_all([actor, reflector])
         raise
@@ -496,7 +463,7 @@ def _prepare(
             manifest = {**old, "resumed_at": time.time(), "resume_differences": diffs}
             manifest["config"] = {
                 **old.get("config", {}),
-                **{k: v for k, v in cfg.to_dict(public=True).items() if k in RESUMABLE_KEYS},
+                **{k: v for k, v in cfg.to_dict(public=True).items() if k in resumable_keys()},
             }
         elif not lock.held:
             lock.acquire(what="a run")  # the last check: nothing was written before it
@@ -665,135 +632,6 @@ def _record_end(store: RunStore, wall_s: float, ended: dict[str, Any], stopped: 
     if stopped:
         store.log_event("budget", str(stopped))
     store.log_event("end", json.dumps(ended))
-
-
-CODE_FILES = ("prompts", "instruction_file", "reflection_template", "reflection_examples")
-
-
-def code_prompts(cfg: RunConfig) -> CodePrompts | None:
-    """The user's files of the reflexion-code protocol (None in reflexsim's own)."""
-    p = cfg.protocol
-    if p.protocol != CODE_PROTOCOL:
-        return None
-    if cfg.models.action_decoding != "free":
-        raise ConfigError(
-            f"--protocol {CODE_PROTOCOL} takes the model's text as the code does: "
-            f"--action-decoding free, not {cfg.models.action_decoding}"
-        )
-    missing = [n for n in CODE_FILES if not getattr(p, n)]
-    if missing:
-        flags = ", ".join("--" + n.replace("_", "-") for n in missing)
-        raise ConfigError(f"--protocol {CODE_PROTOCOL} needs the wording files: {flags}")
-    assert p.prompts and p.instruction_file and p.reflection_template and p.reflection_examples
-    try:
-        return CodePrompts.load(
-            p.prompts, p.instruction_file, p.reflection_template, p.reflection_examples
-        )
-    except PromptFileError as exc:
-        raise ConfigError(str(exc)) from None
-
-
-def prompt_file_hashes(cfg: RunConfig) -> dict[str, str]:
-    """sha256 of every prompt file the user gave (and of the protocol's layout file)."""
-    p = cfg.protocol
-    out = {n: _file_hash(Path(getattr(p, n))) for n in CODE_FILES if getattr(p, n)}
-    if p.protocol == CODE_PROTOCOL:
-        out["layout"] = sha256(layout_text())
-    return out
-
-
-def _instruction(cfg: RunConfig) -> str | None:
-    path = cfg.protocol.instruction_file
-    if path is None:
-        return None
-    try:
-        return read_wording(path, "instruction file")
-    except PromptFileError as exc:
-        raise ConfigError(str(exc)) from None
-
-
-def reflexion_settings(cfg: RunConfig) -> ReflexionSettings:
-    return ReflexionSettings(
-        protocol=cfg.protocol.protocol,
-        code_prompts=code_prompts(cfg),
-        instruction=_instruction(cfg),
-        memory_size=cfg.protocol.memory_size,
-        reflect_model=cfg.models.reflector,
-        reflect_max_tokens=cfg.models.reflect_max_tokens,
-        prompts_file=cfg.protocol.prompts,
-        seed=cfg.protocol.seed,
-        reflection_format=cfg.safeguards.reflection_format,
-        reflection_max_chars=cfg.safeguards.reflection_max_chars,
-    )
-
-
-def trial_plan_of(cfg: RunConfig) -> TrialPlan:
-    """How many trials, the arm's memory and reflection settings, and the safeguards."""
-    guards = cfg.safeguards
-    return TrialPlan(
-        trials=cfg.protocol.trials,
-        reflexion=reflexion_settings(cfg),
-        memory=arms.get(cfg.protocol.agent).memory,
-        llm_judge=cfg.evaluation.evaluator == "llm",
-        safeguards=Safeguards(
-            task_max_tokens=guards.task_max_tokens,
-            task_max_seconds=guards.task_max_seconds,
-            oscillation_stop=guards.oscillation_stop,
-            escalate_model=guards.escalate_model,
-        ),
-    )
-
-
-def build_agent(
-    cfg: RunConfig, log: SearchLog | None = None, truth: GroundTruth = NO_GROUND_TRUTH
-) -> Agent:
-    """The arm's agent, built by its registered factory (a search agent's tree goes to ``log``;
-    ``truth``: the games' solutions, for the arms whose value function may read them)."""
-    context = ArmContext(actor_settings(cfg), reflexion_settings(cfg), cfg, log, truth)
-    return arms.get(cfg.protocol.agent).build(context)
-
-
-def _extra_backends(cfg: RunConfig, truth: GroundTruth = NO_GROUND_TRUTH) -> dict[str, Backend]:
-    """The planner and escalation models, when they are models of their own (built with the
-    actor, so a bad spec or a missing API key is refused before the run directory is written)."""
-    out: dict[str, Backend] = {}
-    specs = {"planner": cfg.planning.planner_model, "escalate": cfg.safeguards.escalate_model}
-    try:
-        for role, spec in specs.items():
-            if spec and spec != cfg.models.model:
-                out[role] = make_backend(spec, ground_truth=truth, **_backend_options(cfg))
-    except BaseException:
-        _close_all(list(out.values()))
-        raise
-    return out
-
-
-def grounding_rules(cfg: RunConfig) -> GroundingRules:
-    """The rewrites of the model's action: none in the reflexion-code protocol but the one it is
-    asked for; put X in/on Y -> move X to Y is ALFWorld 0.4's syntax (TextWorld keeps `put`)."""
-    if cfg.protocol.protocol == CODE_PROTOCOL:
-        return replace(GroundingRules.none(), put_to_move=cfg.protocol.code_put_to_move)
-    if cfg.protocol.grounding:
-        return GroundingRules(put_to_move=cfg.gameset.env == "alfworld")
-    return GroundingRules.none()
-
-
-def actor_settings(cfg: RunConfig) -> ActorSettings:
-    return ActorSettings(
-        generation=generation_config(cfg),
-        evaluator=make_evaluator(
-            cfg.evaluation.evaluator,
-            count_thoughts=cfg.protocol.count_thoughts,
-            max_actions=cfg.evaluation.max_actions,
-            max_repeats=cfg.evaluation.max_repeats,
-            exact=cfg.protocol.protocol == CODE_PROTOCOL,
-        ),
-        grounding=grounding_rules(cfg),
-        max_steps=cfg.protocol.max_steps,
-        count_thoughts=cfg.protocol.count_thoughts,
-        decoding=cfg.models.action_decoding,
-        protocol=cfg.protocol.protocol,
-    )
 
 
 def _yaml(tree: dict[str, Any]) -> str:

@@ -556,8 +556,8 @@ def run_served(
 ) -> Path:
     """``runner.run`` with the model served: starts (or reuses) the server, stops one it started.
     The run directory's lock is taken before the server starts and held until the end."""
+    from experiments.arming import check_prompts_file
     from experiments.runner import (
-        check_prompts_file,
         default_run_dir,
         refuse_existing,
         refuse_live_run,
@@ -578,7 +578,7 @@ def run_served(
     if not resume:
         refuse_existing(run_dir)
     # a bad game selection or prompts file fails now, not after a long server start
-    check_prompts_file(cfg, select_games(cfg))
+    check_prompts_file(cfg, select_games(cfg).tasks)
     lock = run_lock(run_dir).acquire(what="a run")  # it makes the directory
     try:
         if cfg.cluster.serve_replicas > 1 and server is None:

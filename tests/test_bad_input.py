@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from experiments.cli import main
-from experiments.config import LEAVES, RunConfig, _base_type, _hints, from_mapping
+from experiments.config import RunConfig, _base_type, _hints, from_mapping, leaves
 from experiments.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -269,13 +269,13 @@ def test_a_closed_pipe_ends_replay_quietly(a_run):
 
 
 @pytest.mark.parametrize(
-    "name", sorted(n for n, (s, _) in LEAVES.items() if _base_type(_hints(s)[n]) is float)
+    "name", sorted(n for n, (s, _) in leaves().items() if _base_type(_hints(s)[n]) is float)
 )
 def test_no_float_key_takes_nan_or_infinity(name):
     for value in (math.nan, math.inf, -math.inf, "nan"):
         with pytest.raises(ConfigError, match="finite"):
             from_mapping({name: value})
-    default = getattr(getattr(RunConfig(), LEAVES[name][0]), name)
+    default = getattr(RunConfig().section(leaves()[name][0]), name)
     assert default is None or math.isfinite(default)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import subprocess
 import sys
@@ -10,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from experiments.config import (
-    LEAVES,
-    RESUMABLE_KEYS,
-    SECTION_TYPES,
     RunConfig,
     from_mapping,
+    leaves,
     load_yaml,
+    resumable_keys,
+    section_types,
 )
 from experiments.errors import ConfigError
 from experiments.runner import run
@@ -34,6 +35,12 @@ def test_flat_and_nested_keys_mean_the_same():
     assert flat == nested
     assert flat.protocol.trials == 5 and flat.evaluation.max_actions == 40
     assert RunConfig.of(**flat.to_dict()) == flat  # the manifest's config reads back
+    # the arms' sections (declared in their modules) read the same both ways
+    arms_flat = from_mapping({"lats_n": 3, "max_replans": 1})
+    arms_nested = from_mapping({"lats": {"lats-n": 3}, "planning": {"max_replans": 1}})
+    assert arms_flat == arms_nested and arms_flat.section("lats").lats_n == 3
+    assert arms_flat.section("planning").max_replans == 1
+    assert arms_flat.to_tree()["planning"]["max_replans"] == 1
 
 
 def test_a_misspelled_key_is_one_line_naming_the_closest(tmp_path):
@@ -59,18 +66,18 @@ def test_help_documents_every_key():
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     text = " ".join(r.stdout.split())
-    for name, (_, f) in LEAVES.items():
+    for name, (_, f) in leaves().items():
         flag = f.metadata["flag"] or "--" + name.replace("_", "-")
         assert flag in text, name
         assert " ".join(f.metadata["help"].split())[:40] in text, name
-    for section, kind in SECTION_TYPES.items():
+    for section, kind in section_types().items():
         assert (kind.__doc__ or "").strip() in text, section
 
 
 def test_resumable_keys_come_from_the_tree():
-    assert {"trials", "workers", "concurrency", "deadline", "run_dir"} <= RESUMABLE_KEYS
-    assert "max_steps" not in RESUMABLE_KEYS and "model" not in RESUMABLE_KEYS
-    for section in SECTION_TYPES.values():
+    assert {"trials", "workers", "concurrency", "deadline", "run_dir"} <= resumable_keys()
+    assert "max_steps" not in resumable_keys() and "model" not in resumable_keys()
+    for section in section_types().values():
         for f in dataclasses.fields(section):
             assert f.metadata["help"], f.name
 
@@ -95,3 +102,64 @@ def test_max_steps_50_runs_past_31_actions_only_when_max_actions_allows(
         run_dir=str(tmp_path / "run"),
     )  # fmt: skip
     assert _longest(run(cfg)) == expected
+
+
+def config_renames(source: str, leaf_names: set[str], sections: set[str]) -> list[str]:
+    """``field <- leaf`` for every keyword argument that passes a config leaf on under another
+    name: ``Settings(field=cfg.section.leaf)``, or ``p.leaf`` where ``p = cfg.section``."""
+    found = []
+    for fn in ast.walk(ast.parse(source)):
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        aliases = set()  # names bound to a section: p = cfg.protocol; p, e = cfg.a, cfg.b
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Assign) and len(node.targets) == 1:
+                target, value = node.targets[0], node.value
+                pairs = (
+                    zip(target.elts, value.elts, strict=False)
+                    if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple)
+                    else [(target, value)]
+                )
+                aliases |= {
+                    t.id
+                    for t, v in pairs
+                    if isinstance(t, ast.Name) and isinstance(v, ast.Attribute)
+                    and v.attr in sections
+                }  # fmt: skip
+        for node in ast.walk(fn):
+            for kw in node.keywords if isinstance(node, ast.Call) else []:
+                value = kw.value
+                if not isinstance(value, ast.Attribute) or value.attr not in leaf_names:
+                    continue
+                base = value.value
+                reads = (isinstance(base, ast.Attribute) and base.attr in sections) or (
+                    isinstance(base, ast.Name) and base.id in aliases
+                )
+                if reads and kw.arg is not None and kw.arg != value.attr:
+                    found.append(f"{kw.arg} <- {value.attr}")
+    return found
+
+
+def test_the_rename_count_finds_a_rename():
+    code = (
+        "def f(cfg):\n    p, m = cfg.protocol, cfg.models\n"
+        "    return S(decoding=m.action_decoding, trials=p.trials, n=cfg.lats.lats_n)\n"
+    )
+    assert config_renames(code, set(leaves()), set(section_types())) == [
+        "decoding <- action_decoding", "n <- lats_n",
+    ]  # fmt: skip
+
+
+def test_settings_take_the_config_names():
+    """Where settings are built from the config (the arms' factories and the agents under
+    agents/, the run's settings in experiments/arming.py), every field has its leaf's name: an
+    arm's section is its settings, and the actor's, reflection's and trial settings take the
+    config's names (before the arms' sections: 17 renames, e.g. lats_n -> n)."""
+    sources = [*sorted((ROOT / "agents").rglob("*.py")), ROOT / "experiments" / "arming.py"]
+    names, sections = set(leaves()), set(section_types())
+    found = {
+        str(p.relative_to(ROOT)): r
+        for p in sources
+        if (r := config_renames(p.read_text(), names, sections))
+    }
+    assert found == {}

@@ -165,8 +165,9 @@ def play_lats(
     """One LATS run through the engine and trial loop with a recording scripted ``policy``."""
     from envs.aio import AsyncEnvPool
     from envs.pool import EnvSpec, SyncEnvPool
+    from experiments.arming import build_agent, trial_plan_of
     from experiments.engine import Engine, ModelClient
-    from experiments.runner import build_agent, select_games, trial_plan_of
+    from experiments.runner import select_games
 
     cfg = config(data, tmp, "run", model="scripted:expert", games=1, **kw)
     games = select_games(cfg)

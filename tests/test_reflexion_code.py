@@ -24,9 +24,10 @@ from agents.llm.base import Completion, GenerationConfig, Request
 from agents.parsing import GroundingRules
 from agents.react import ActorSettings, ReActAgent
 from agents.reflexion import ReflexionSettings, prompt_prefix, reflect
+from experiments.arming import code_prompts, prompt_file_hashes
 from experiments.config import RunConfig
 from experiments.errors import ConfigError
-from experiments.runner import code_prompts, prompt_file_hashes, run
+from experiments.runner import run
 from experiments.store import RunStore
 from memory.records import Reflection, Step
 from tests.gameruns import game_run
@@ -288,16 +289,16 @@ def test_the_protocol_plays_the_code_arms_only_and_needs_every_task_type(generat
 def test_put_becomes_move_only_when_asked():
     from dataclasses import replace
 
-    from experiments.runner import grounding_rules
+    from experiments.arming import actor_settings
 
-    plain = grounding_rules(RunConfig.of(protocol="reflexion-code"))
-    assert plain == GroundingRules.none()
-    asked = grounding_rules(RunConfig.of(protocol="reflexion-code", code_put_to_move=True))
-    assert asked.put_to_move and not asked.lowercase and not asked.strip_prompt_marks
+    plain = actor_settings(RunConfig.of(protocol="reflexion-code"))
+    assert plain.grounding == GroundingRules.none() and not plain.code_put_to_move
+    asked = actor_settings(RunConfig.of(protocol="reflexion-code", code_put_to_move=True))
+    assert asked.grounding == GroundingRules.none() and asked.code_put_to_move
     with pytest.raises(ConfigError, match="read only by --protocol reflexion-code"):
         RunConfig.of(code_put_to_move=True)
     moving = agent()
-    moving.settings = replace(moving.settings, grounding=asked)
+    moving.settings = replace(moving.settings, code_put_to_move=True)
     ctx = _Ctx(
         [" put pen 1 in/on drawer 1", " Put pen 1 in/on drawer 1", " Put pen 1 in/on drawer 1"]
     )

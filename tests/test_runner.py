@@ -195,8 +195,9 @@ def test_worker_killed_mid_episode_is_resimulated(generated_games, tmp_path):
     from agents.reflexion import ReflexionSettings
     from envs.aio import AsyncEnvPool
     from envs.pool import EnvPool, EnvSpec
+    from experiments.arming import actor_settings
     from experiments.engine import Engine, ModelClient
-    from experiments.runner import actor_settings, select_games
+    from experiments.runner import select_games
     from experiments.trials import TrialLoop, TrialPlan
 
     cfg = RunConfig.of(

@@ -192,8 +192,9 @@ def test_escalation_reruns_only_unsolved_tasks_with_the_second_model(
 ) -> None:
     from envs.aio import AsyncEnvPool
     from envs.pool import EnvSpec, SyncEnvPool
+    from experiments.arming import build_agent, trial_plan_of
     from experiments.engine import Engine, ModelClient
-    from experiments.runner import build_agent, select_games, trial_plan_of
+    from experiments.runner import select_games
     from experiments.trials import Escalation, TrialLoop
 
     cfg = config(generated_games, tmp_path, agent="react", trials=2, games=2,

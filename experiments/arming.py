@@ -1,0 +1,197 @@
+"""The arm a run plays, built from its config: the actor's, the reflection's and the trial loop's
+settings, the prompt files the user gave, the models of their own an arm asks for, and the agent
+made by the arm's registered factory (:mod:`agents.arms`).
+
+Settings take the config's names: a settings field built from a config leaf has the leaf's name,
+and an arm's own options reach its factory as its config section (``ArmContext.settings``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from agents import arms
+from agents.arm import ArmContext, SearchLog
+from agents.episode import Agent
+from agents.evaluators import make_evaluator
+from agents.llm import make_backend
+from agents.llm.base import Backend, GenerationConfig
+from agents.llm.ground_truth import NO_GROUND_TRUTH, GroundTruth
+from agents.parsing import GroundingRules
+from agents.prompting import PromptFileError, file_sha256, load_original_prompts, sha256
+from agents.react import ActorSettings
+from agents.reflexion import ReflexionSettings
+from agents.reflexion_code import CODE_PROTOCOL, CodePrompts, layout_text, read_wording
+from experiments.config import RunConfig
+from experiments.errors import ConfigError
+from experiments.trials import Safeguards, Task, TrialPlan
+
+# The reflexion-code protocol's wording files, by config key.
+CODE_FILES = ("prompts", "instruction_file", "reflection_template", "reflection_examples")
+
+
+def generation_config(cfg: RunConfig) -> GenerationConfig:
+    """How the actor samples (one line per step)."""
+    m = cfg.models
+    return GenerationConfig(
+        temperature=m.temperature, top_p=m.top_p, max_tokens=m.max_tokens, stop=("\n",),
+        seed=cfg.protocol.seed,
+    )  # fmt: skip
+
+
+def backend_options(cfg: RunConfig) -> dict[str, Any]:
+    """The keyword options every model backend of the run is made with."""
+    options = dict(cfg.models.backend_options)
+    if cfg.models.base_url:
+        options["base_url"] = cfg.models.base_url
+    if cfg.models.chat_format:
+        options["chat_format"] = cfg.models.chat_format
+    return options
+
+
+def code_prompts(cfg: RunConfig) -> CodePrompts | None:
+    """The user's files of the reflexion-code protocol (None in reflexsim's own)."""
+    p = cfg.protocol
+    if p.protocol != CODE_PROTOCOL:
+        return None
+    if cfg.models.action_decoding != "free":
+        raise ConfigError(
+            f"--protocol {CODE_PROTOCOL} takes the model's text as the code does: "
+            f"--action-decoding free, not {cfg.models.action_decoding}"
+        )
+    missing = [n for n in CODE_FILES if not getattr(p, n)]
+    if missing:
+        flags = ", ".join("--" + n.replace("_", "-") for n in missing)
+        raise ConfigError(f"--protocol {CODE_PROTOCOL} needs the wording files: {flags}")
+    assert p.prompts and p.instruction_file and p.reflection_template and p.reflection_examples
+    try:
+        return CodePrompts.load(
+            p.prompts, p.instruction_file, p.reflection_template, p.reflection_examples
+        )
+    except PromptFileError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def prompt_file_hashes(cfg: RunConfig) -> dict[str, str]:
+    """sha256 of every prompt file the user gave (and of the protocol's layout file)."""
+    p = cfg.protocol
+    out = {n: file_sha256(getattr(p, n)) for n in CODE_FILES if getattr(p, n)}
+    if p.protocol == CODE_PROTOCOL:
+        out["layout"] = sha256(layout_text())
+    return out
+
+
+def instruction(cfg: RunConfig) -> str | None:
+    """The text of ``instruction_file`` (None without one)."""
+    path = cfg.protocol.instruction_file
+    if path is None:
+        return None
+    try:
+        return read_wording(path, "instruction file")
+    except PromptFileError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def check_prompts_file(cfg: RunConfig, tasks: Sequence[Task]) -> None:
+    """The ``prompts`` file read whole, with a pair of examples for every task type of ``tasks``:
+    a bad file is one line now, not a crash once the run is under way."""
+    if not cfg.protocol.prompts:
+        return
+    try:
+        load_original_prompts(cfg.protocol.prompts, sorted({t.task_type for t in tasks}))
+    except PromptFileError as exc:
+        raise ConfigError(f"--prompts: {exc}") from None
+
+
+def reflexion_settings(cfg: RunConfig) -> ReflexionSettings:
+    p, guards = cfg.protocol, cfg.safeguards
+    return ReflexionSettings(
+        memory_size=p.memory_size,
+        reflect_model=cfg.models.reflector,
+        reflect_max_tokens=cfg.models.reflect_max_tokens,
+        prompts=p.prompts,
+        seed=p.seed,
+        reflection_format=guards.reflection_format,
+        reflection_max_chars=guards.reflection_max_chars,
+        protocol=p.protocol,
+        code_prompts=code_prompts(cfg),
+        instruction=instruction(cfg),
+    )
+
+
+def trial_plan_of(cfg: RunConfig) -> TrialPlan:
+    """How many trials, the arm's memory and reflection settings, and the safeguards."""
+    guards = cfg.safeguards
+    return TrialPlan(
+        trials=cfg.protocol.trials,
+        reflexion=reflexion_settings(cfg),
+        memory=arms.get(cfg.protocol.agent).memory,
+        llm_judge=cfg.evaluation.evaluator == "llm",
+        safeguards=Safeguards(
+            task_max_tokens=guards.task_max_tokens,
+            task_max_seconds=guards.task_max_seconds,
+            oscillation_stop=guards.oscillation_stop,
+            escalate_model=guards.escalate_model,
+        ),
+    )
+
+
+def grounding_rules(cfg: RunConfig) -> GroundingRules:
+    """The rewrites of the model's action: none in the reflexion-code protocol (its one asked-for
+    rewrite is ``code_put_to_move``); put X in/on Y -> move X to Y is ALFWorld 0.4's syntax
+    (TextWorld keeps `put`)."""
+    if cfg.protocol.protocol == CODE_PROTOCOL or not cfg.protocol.grounding:
+        return GroundingRules.none()
+    return GroundingRules(put_to_move=cfg.gameset.env == "alfworld")
+
+
+def actor_settings(cfg: RunConfig) -> ActorSettings:
+    p, e = cfg.protocol, cfg.evaluation
+    return ActorSettings(
+        generation=generation_config(cfg),
+        evaluator=make_evaluator(
+            e.evaluator,
+            count_thoughts=p.count_thoughts,
+            max_actions=e.max_actions,
+            max_repeats=e.max_repeats,
+            exact=p.protocol == CODE_PROTOCOL,
+        ),  # fmt: skip
+        grounding=grounding_rules(cfg),
+        max_steps=p.max_steps,
+        count_thoughts=p.count_thoughts,
+        action_decoding=cfg.models.action_decoding,
+        protocol=p.protocol,
+        code_put_to_move=p.code_put_to_move,
+    )
+
+
+def build_agent(
+    cfg: RunConfig, log: SearchLog | None = None, truth: GroundTruth = NO_GROUND_TRUTH
+) -> Agent:
+    """The arm's agent, built by its registered factory from its own config section (a search
+    agent's tree goes to ``log``; ``truth``: the games' solutions, for the arms whose value
+    function may read them)."""
+    arm = arms.get(cfg.protocol.agent)
+    settings = cfg.section(arm.section) if arm.section else None
+    context = ArmContext(actor_settings(cfg), reflexion_settings(cfg), settings, log, truth)
+    return arm.build(context)
+
+
+def extra_backends(cfg: RunConfig, truth: GroundTruth = NO_GROUND_TRUTH) -> dict[str, Backend]:
+    """The planner and escalation models, when they are models of their own (built with the
+    actor, so a bad spec or a missing API key is refused before the run directory is written)."""
+    out: dict[str, Backend] = {}
+    specs = {
+        "planner": cfg.section("planning").planner_model,
+        "escalate": cfg.safeguards.escalate_model,
+    }
+    try:
+        for role, spec in specs.items():
+            if spec and spec != cfg.models.model:
+                out[role] = make_backend(spec, ground_truth=truth, **backend_options(cfg))
+    except BaseException:
+        for backend in out.values():
+            backend.close()
+        raise
+    return out
