@@ -179,6 +179,9 @@ class _Out(types.SimpleNamespace):
 class _FakeTokenizer:
     def apply_chat_template(self, messages: list[dict[str, str]], **kwargs: Any) -> str:
         template = kwargs.pop("chat_template", None)
+        if kwargs.pop("continue_final_message", False):  # the last message stays open
+            assert kwargs == {"tokenize": False, "add_generation_prompt": False}
+            return "<bos>" + "".join(f"[{m['role']}]{m['content']}" for m in messages)
         assert kwargs == {"tokenize": False, "add_generation_prompt": True}
         head = f"<{template}>" if template else "<bos>"
         return head + "".join(f"[{m['role']}]{m['content']}" for m in messages) + "[model]"
@@ -416,6 +419,90 @@ def test_the_async_engine_replaces_the_batch_engine(fake_vllm: types.ModuleType)
     assert asyncio.run(backend.agenerate(request)).text == " echo p>"
     assert backend._llm is None and len(_FakeAsyncEngine.instances) == 1
     backend.close()
+
+
+def test_chat_format_wraps_prompts_in_the_models_chat_template(
+    fake_vllm: types.ModuleType,
+) -> None:
+    """``--chat-format user|prefill`` with an in-process model: the prompt becomes chat messages
+    rendered by the model's own template (it used to be an unknown engine option)."""
+    from agents.llm import make_backend
+
+    prompt = Request(config=GenerationConfig(), prompt="You are in a room.\n>")
+    raw = VLLMBackend("m")
+    assert raw.generate([prompt])[0].sent == prompt.prompt  # the default: the text as it is
+    user = make_backend("vllm:m", chat_format="user", chat_instruction="Go on.")
+    (out,) = user.generate([prompt])
+    assert out.sent == "<bos>[user]Go on.\n\nYou are in a room.\n>[model]"
+    prefill = VLLMBackend("m", chat_format="prefill", chat_instruction="Go on.")
+    assert prefill.describe()["chat_format"] == "prefill"
+    (out,) = prefill.generate([prompt])
+    assert out.sent == "<bos>[user]Go on.[assistant]You are in a room.\n>"
+    ids = _FakeLLM.instances[-1].calls[0][0][0]["prompt_token_ids"]
+    assert ids == list(range(3))  # sent as the template's tokens (the stand-in counts "]")
+    with pytest.raises(SpecError, match="chat_format='assistant' is not one of raw, user"):
+        VLLMBackend("m", chat_format="assistant")
+
+
+def test_swap_space_is_refused_with_what_to_do_instead() -> None:
+    with pytest.raises(SpecError, match="vllm option swap_space: .*drop it"):
+        engine_kwargs("m", swap_space=4)
+
+
+def test_the_async_engine_is_asked_for_final_outputs_only(
+    fake_vllm: types.ModuleType,
+) -> None:
+    import enum
+
+    class RequestOutputKind(enum.Enum):  # as vllm.sampling_params has it
+        CUMULATIVE = 0
+        DELTA = 1
+        FINAL_ONLY = 2
+
+    fake_vllm.RequestOutputKind = RequestOutputKind  # type: ignore[attr-defined]
+    backend = VLLMBackend("m")
+    request = Request(config=GenerationConfig(), prompt="p>")
+    assert asyncio.run(backend.agenerate(request)).text == " echo p>"
+    (engine,) = _FakeAsyncEngine.instances
+    assert engine.params[0].kwargs["output_kind"] is RequestOutputKind.FINAL_ONLY
+    backend.close()
+
+
+def test_engine_processes_are_spawned_unless_the_user_chose(
+    fake_vllm: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM forks its engine process by default, from a runner that already has threads."""
+    monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)
+    VLLMBackend("m")
+    assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "fork")
+    VLLMBackend("m")
+    assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
+
+
+def test_the_engine_record_says_which_sampling_defaults_hold(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from agents.llm.vllm_backend import engine_record
+
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
+    assert engine_record("openai:gpt-4o", None, False, None) is None
+    inproc = engine_record("vllm:m", None, False, None)
+    assert inproc is not None
+    assert inproc["engine"] == "in-process" and inproc["generation_config"] == "vllm"
+    assert inproc["batch_invariant"] is True
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "0")
+    url = "http://127.0.0.1:9/v1"  # nothing answers: no version
+    served = engine_record("vllm:m", url, True, None)  # the default command
+    assert served == {
+        "engine": "served", "generation_config": "vllm", "batch_invariant": False,
+        "vllm_version": None, "override_generation_config": None,
+    }  # fmt: skip
+    own = engine_record("vllm:m", url, True, "vllm serve {model} --port {port}")
+    assert own is not None and own["generation_config"] == "auto"  # vLLM's default
+    other = engine_record("vllm:m", url, False, None)  # a server this run did not start
+    assert other is not None and other["generation_config"] is None
+    assert other["batch_invariant"] is None
 
 
 # ---------------------------------------------------------------------------------------------
