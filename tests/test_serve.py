@@ -220,7 +220,7 @@ def test_serve_data_parallel_sends_each_game_to_one_engine(tmp_path):
             games = [f"game-{g}" for g in range(8)]
             requests = []
             for trial in range(2):
-                for g, game in enumerate(games):
+                for game in games:
                     episode = f"{game}/t{trial}"
                     site = CallSite(episode=episode, game=game, trial=trial)
                     for step in range(3):
