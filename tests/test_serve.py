@@ -267,6 +267,19 @@ def test_cli_serve_errors_are_one_line(tmp_path):
     assert r.stderr.strip().splitlines()[-1].startswith("reflexsim: error: --serve starts")
 
 
+def assert_complete(run_dir: Path, episodes: int) -> None:
+    """The run is complete, with that many episodes, all done."""
+    from experiments.store import RunStore
+
+    store = RunStore(run_dir, readonly=True)
+    try:
+        assert store.run_state().complete
+        assert {e.status for e in store.episodes()} == {"done"}
+        assert len(store.episodes()) == episodes
+    finally:
+        store.close()
+
+
 def _steps(run_dir: Path) -> int:
     from experiments.store import RunStore
 
@@ -393,12 +406,7 @@ def test_sigterm_stops_the_server_and_resume_starts_it_again(generated_games, tm
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
-    store = RunStore(run_dir, readonly=True)
-    try:
-        assert store.run_state().complete
-        assert {e.status for e in store.episodes()} == {"done"} and len(store.episodes()) == 2
-    finally:
-        store.close()
+    assert_complete(run_dir, episodes=2)
     log = (run_dir / "server.log").read_text()
     assert log.count("[reflexsim serve] starting") == 2 and log.count("stopped restarts=0") == 2
     assert no_process_on(port, "stand_in.py")
@@ -487,7 +495,6 @@ def test_a_console_script_server_left_by_a_killed_runner_is_reused(generated_gam
     """A server started through a ``#!`` launcher (as the ``vllm`` command is) runs as
     ``python <launcher> ...``: it is still recognised after ``kill -9`` of the runner, and the
     resumed run reuses it instead of failing on a port "in use by another program"."""
-    from experiments.store import RunStore
 
     launcher = console_script(
         tmp_path / "bin" / "fake-vllm", sys.executable, STAND_IN.format(root=str(ROOT))
@@ -505,10 +512,5 @@ def test_a_console_script_server_left_by_a_killed_runner_is_reused(generated_gam
     log = (run_dir / "server.log").read_text()
     assert f"reusing a server left by an earlier run pid={left}" in log
     assert log.count("[reflexsim serve] starting") == 1 and "stopped restarts=0" in log
-    store = RunStore(run_dir, readonly=True)
-    try:
-        assert store.run_state().complete
-        assert {e.status for e in store.episodes()} == {"done"} and len(store.episodes()) == 2
-    finally:
-        store.close()
+    assert_complete(run_dir, episodes=2)
     assert not group_alive(left) and no_process_on(port, "fake-vllm")
