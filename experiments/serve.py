@@ -3,8 +3,9 @@
 ``--serve`` (or ``serve: true``) runs ``serve_command`` (default
 :data:`agents.llm.vllm_backend.SERVE_COMMAND`; placeholders ``{model}``, ``{host}``, ``{port}``,
 ``{python}``) as a subprocess in its own process group, with stdout and stderr appended to
-``<run dir>/server.log`` and its pid in ``<run dir>/server.pid``. It waits until ``GET /health`` answers (200; a 404 means
-the server has no such route, as llama.cpp's) and ``GET /v1/models`` lists the model, then points
+``<run dir>/server.log`` and its pid in ``<run dir>/server.pid``. It waits until ``GET /health``
+answers (200; a 404 means the server has no such route, as llama.cpp's) and ``GET /v1/models``
+lists the model, then points
 the run at ``http://127.0.0.1:<port>/v1``: the ``vllm:`` spec with a ``base_url`` is the OpenAI
 backend on the ``/completions`` endpoint (the prompt is sent exactly as rendered).
 
@@ -29,9 +30,9 @@ Several GPUs of one node: ``serve_data_parallel`` N (``--serve-data-parallel N``
 own ``--data-parallel-size N`` to the command: N engines behind the one URL. The run sends every
 request with an ``X-data-parallel-rank`` header derived from its game (the OpenAI backend's
 ``data_parallel_size``), so that all the steps of an episode, and the later trials of its game,
-go to the engine whose prefix cache holds them. Several nodes: with ``--ray``, ``serve_replicas`` N starts N servers as Ray actors
-(:func:`run_on_replicas`), each listening on its node's address, and the run
-shards its games across their URLs as with a ``--base-url`` list.
+go to the engine whose prefix cache holds them. Several nodes: with ``--ray``, ``serve_replicas``
+N starts N servers as Ray actors (:func:`run_on_replicas`), each listening on its node's address,
+and the run shards its games across their URLs as with a ``--base-url`` list.
 
 The port is fixed (``serve_port``, default 8000) so that a resumed run finds its server at the
 URL its manifest records. A server left behind by a killed runner is recognised by its pid file
