@@ -262,7 +262,8 @@ class ServeConfig:
     serve_command: str | None = option(
         None,
         "server command template with {model} {host} {port} {python} "
-        "(default: vllm serve {model} --host {host} --port {port})",
+        "(default: vllm serve {model} --host {host} --port {port} --generation-config vllm "
+        "--enable-prompt-tokens-details)",
     )
     serve_port: int = option(
         8000, "port of the served model on 127.0.0.1", minimum=1, maximum=65535

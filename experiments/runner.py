@@ -21,6 +21,7 @@ from agents import arms
 from agents.llm import make_backend
 from agents.llm.base import Backend
 from agents.llm.ground_truth import NO_GROUND_TRUTH, GroundTruth
+from agents.llm.vllm_backend import engine_record
 from agents.prompting import file_sha256, template_hashes
 from envs.aio import AsyncEnvPool
 from envs.ground_truth import GameFileTruth
@@ -205,6 +206,10 @@ def build_manifest(
         "actor": describe(actor),
         "reflector": describe(reflector),
         "generation": generation_config(cfg).__dict__,
+        # a vllm: model's engine: sampling defaults in force, batch invariance, vLLM version
+        "vllm": engine_record(
+            cfg.models.model, cfg.models.base_url, cfg.server.serve, cfg.server.serve_command
+        ),
         "seed": cfg.protocol.seed,
         "hostname": platform.node(),
         "python": sys.version.split()[0],

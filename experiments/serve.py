@@ -1,10 +1,11 @@
 """Serve a ``vllm:`` model for a run: start the server, wait until healthy, supervise, stop.
 
-``--serve`` (or ``serve: true``) runs ``serve_command`` (default ``vllm serve {model} --host
-{host} --port {port}``; placeholders ``{model}``, ``{host}``, ``{port}``, ``{python}``) as a
-subprocess in its own process group, with stdout and stderr appended to ``<run dir>/server.log``
-and its pid in ``<run dir>/server.pid``. It waits until ``GET /health`` answers (200; a 404 means
-the server has no such route, as llama.cpp's) and ``GET /v1/models`` lists the model, then points
+``--serve`` (or ``serve: true``) runs ``serve_command`` (default
+:data:`agents.llm.vllm_backend.SERVE_COMMAND`; placeholders ``{model}``, ``{host}``, ``{port}``,
+``{python}``) as a subprocess in its own process group, with stdout and stderr appended to
+``<run dir>/server.log`` and its pid in ``<run dir>/server.pid``. It waits until ``GET /health``
+answers (200; a 404 means the server has no such route, as llama.cpp's) and ``GET /v1/models``
+lists the model, then points
 the run at ``http://127.0.0.1:<port>/v1``: the ``vllm:`` spec with a ``base_url`` is the OpenAI
 backend on the ``/completions`` endpoint (the prompt is sent exactly as rendered).
 
@@ -17,16 +18,29 @@ backoff capped at :data:`RESTART_BACKOFF_MAX_S`; ``backend_options`` override it
 restart; anything worse (a run that gives up, or a killed runner) is covered by the runner's
 step-level ``--resume``. At the end the group gets SIGTERM, then SIGKILL after ``stop_grace_s``.
 
+Two vLLM flags belong in every server command (the default and the presets have them):
+``--generation-config vllm``, so that the server's sampling defaults are vLLM's own, as in
+process (vLLM's default, ``auto``, takes repetition_penalty, top_k, ... from the model's
+``generation_config.json`` for every field a request leaves out; both modes still take the EOS
+ids from that file), and ``--enable-prompt-tokens-details``, without which the server reports
+no cached prompt tokens. The manifest records what the server was told
+(:func:`agents.llm.vllm_backend.engine_record`).
+
 Several GPUs of one node: ``serve_data_parallel`` N (``--serve-data-parallel N``) adds vLLM's
-own ``--data-parallel-size N`` to the command: N engines behind the one URL, vLLM balancing the
-requests. Several nodes: with ``--ray``, ``serve_replicas`` N starts N servers as Ray actors
-(:func:`run_on_replicas`), each listening on its node's address, and the run
-shards its games across their URLs as with a ``--base-url`` list.
+own ``--data-parallel-size N`` to the command: N engines behind the one URL. The run sends every
+request with an ``X-data-parallel-rank`` header derived from its game (the OpenAI backend's
+``data_parallel_size``), so that all the steps of an episode, and the later trials of its game,
+go to the engine whose prefix cache holds them. Several nodes: with ``--ray``, ``serve_replicas``
+N starts N servers as Ray actors (:func:`run_on_replicas`), each listening on its node's address,
+and the run shards its games across their URLs as with a ``--base-url`` list.
 
 The port is fixed (``serve_port``, default 8000) so that a resumed run finds its server at the
 URL its manifest records. A server left behind by a killed runner is recognised by its pid file
-(same pid and command line) and stopped before the new one starts; any other program on the
-port is an error naming the fix.
+(the same process: pid and start time; a console script such as ``vllm`` runs under its ``#!``
+interpreter, so its command line is not the one recorded). If it was started with the same
+command and environment and answers now, it is reused (a resumed run does not wait for the
+model to load again); otherwise it is stopped before the new one starts. Any other program on
+the port is an error naming the fix.
 """
 
 from __future__ import annotations
@@ -50,13 +64,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agents.llm.vllm_backend import SERVE_COMMAND
 from experiments.config import RunConfig, from_mapping, public_value
 from experiments.errors import ConfigError
 
 log = logging.getLogger("reflexsim.serve")
 
 HOST = "127.0.0.1"
-DEFAULT_COMMAND = "vllm serve {model} --host {host} --port {port}"
 PLACEHOLDERS = ("{model}", "{host}", "{port}", "{python}")
 # 1+2+4+8+16 s, then 30 s each: about 10 minutes before a request gives up
 RESTART_RETRIES = 24
@@ -141,7 +155,7 @@ def serve_template(cfg: RunConfig) -> str:
     """The server command template of a config: ``serve_command`` (or the default), with
     ``--data-parallel-size N`` added for ``serve_data_parallel`` N > 1 (vLLM's own data
     parallelism: N engines, one per GPU of this node, behind one URL)."""
-    template = cfg.server.serve_command or DEFAULT_COMMAND
+    template = cfg.server.serve_command or SERVE_COMMAND
     n = cfg.server.serve_data_parallel
     if n == 1:
         return template
@@ -217,6 +231,8 @@ def served_config(cfg: RunConfig, port: int) -> RunConfig:
     options.setdefault("concurrency", max(cfg.execution.concurrency, 8))
     options.setdefault("max_retries", RESTART_RETRIES)
     options.setdefault("backoff_max", RESTART_BACKOFF_MAX_S)
+    if cfg.server.serve_data_parallel > 1:
+        options.setdefault("data_parallel_size", cfg.server.serve_data_parallel)
     return cfg.replace(
         base_url=f"http://{HOST}:{port}/v1", serve_port=port, backend_options=options
     )
@@ -277,6 +293,48 @@ def _cmdline(pid: int) -> tuple[str, ...] | None:
     return tuple(p.decode(errors="replace") for p in raw.split(b"\0") if p)
 
 
+def process_start(pid: int) -> int | None:
+    """When a live process started (clock ticks after boot), None when there is none (or only
+    its zombie): with the pid, it names one process, whatever its command line shows."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()  # after the name, which may hold spaces
+    if len(fields) < 20 or fields[0] == "Z":
+        return None
+    return int(fields[19])  # stat field 22, starttime
+
+
+def _server_env(extra: dict[str, str]) -> dict[str, str]:
+    """The part of a server's environment that changes what it computes."""
+    env = {**os.environ, **extra}
+    return {
+        k: v for k, v in sorted(env.items()) if k.startswith("VLLM_") or k == "CUDA_VISIBLE_DEVICES"
+    }
+
+
+class _LeftServer:
+    """A server an earlier runner started (not a child of this process): the part of
+    ``subprocess.Popen`` that :class:`ModelServer` uses, read from ``/proc``."""
+
+    def __init__(self, pid: int, started: int) -> None:
+        self.pid = pid
+        self.started = started
+
+    def poll(self) -> int | None:
+        """None while it runs; its exit code is not known here (-1)."""
+        return None if process_start(self.pid) == self.started else -1
+
+    def wait(self, timeout: float) -> int:
+        deadline = time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            time.sleep(0.1)
+        return code
+
+
 def _tail(path: Path, lines: int = 3) -> str:
     try:
         text = path.read_text(errors="replace").strip().splitlines()
@@ -293,7 +351,7 @@ class ModelServer:
         self.restarts = 0
         self.events: list[dict[str, Any]] = []
         self.failed: str | None = None  # why the supervisor gave up, if it did
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._proc: subprocess.Popen[bytes] | _LeftServer | None = None
         self._log: Any = None
         self._stopping = threading.Event()
         self._lock = threading.Lock()
@@ -320,8 +378,9 @@ class ModelServer:
         s.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(s.log_path, "ab", buffering=0)  # noqa: SIM115 - closed in stop()
         try:
-            self._clear_port()
-            self._spawn()
+            self._clear_port()  # or takes over a server an earlier run left
+            if self._proc is None:
+                self._spawn()
             self._wait_ready(self._proc_or_fail())
         except BaseException:
             self._stop_process()
@@ -361,20 +420,24 @@ class ModelServer:
             self._log.close()
             self._log = None
 
-    def _proc_or_fail(self) -> subprocess.Popen[bytes]:
+    def _proc_or_fail(self) -> subprocess.Popen[bytes] | _LeftServer:
         assert self._proc is not None
         return self._proc
 
     def _clear_port(self) -> None:
         s = self.settings
-        if port_free(s.host, s.port):
+        old, same = self._orphan()
+        if old is not None and same and self._ready_now():
+            self._note("reusing a server left by an earlier run", pid=old.pid)
+            self._proc = old
             return
-        old = self._orphan()
-        if old is not None:
-            self._note("stopping a server left by an earlier run", pid=old)
-            _signal_group(old, signal.SIGKILL)
+        if old is not None:  # another command, or not answering (yet): it goes
+            self._note("stopping a server left by an earlier run", pid=old.pid)
+            _signal_group(old.pid, signal.SIGKILL)
             deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and not port_free(s.host, s.port):
+            while time.monotonic() < deadline and not (
+                old.poll() is not None and port_free(s.host, s.port)
+            ):
                 time.sleep(0.2)
         if not port_free(s.host, s.port):
             raise ServeError(
@@ -382,16 +445,33 @@ class ModelServer:
                 "free port with --serve-port (a resumed run then needs --force)"
             )
 
-    def _orphan(self) -> int | None:
-        """The pid of a live server this run started earlier (same pid file, same command)."""
+    def _orphan(self) -> tuple[_LeftServer | None, bool]:
+        """A live server this run started earlier (the process its pid file names), and whether
+        it runs this server's command in this server's environment."""
+        s = self.settings
         try:
-            info = json.loads(self.settings.pid_path.read_text())
+            info = json.loads(s.pid_path.read_text())
             pid = int(info["pid"])
         except (OSError, ValueError, KeyError, TypeError):
-            return None
-        if _cmdline(pid) == tuple(info.get("argv", ())) and group_alive(pid):
-            return pid
-        return None
+            return None, False
+        started = process_start(pid)
+        if started is None:
+            return None, False
+        if "started" in info:
+            alive = info["started"] == started
+        else:  # a pid file of an older version: the command line as recorded
+            alive = _cmdline(pid) == tuple(info.get("argv", ()))
+        if not alive:
+            return None, False
+        same = info.get("argv") == list(s.argv) and info.get("env") == _server_env(s.env)
+        return _LeftServer(pid, started), same
+
+    def _ready_now(self) -> bool:
+        """Whether the server on the port is healthy and serves the model now."""
+        s = self.settings
+        health = _get(f"{s.root_url}/health")
+        models = _get(f"{s.url}/models") if health and health[0] in (200, 404) else None
+        return models is not None and models[0] == 200 and s.model in _model_ids(models[1])
 
     def _spawn(self) -> None:
         s = self.settings
@@ -408,9 +488,11 @@ class ModelServer:
             )
         except OSError as exc:
             raise ServeError(f"cannot start {s.argv[0]!r}: {exc.strerror or exc}") from None
-        s.pid_path.write_text(json.dumps({"pid": self._proc.pid, "argv": list(s.argv)}) + "\n")
+        pid = self._proc.pid
+        record = {"pid": pid, "started": process_start(pid), "argv": list(s.argv)}
+        s.pid_path.write_text(json.dumps({**record, "env": _server_env(s.env)}) + "\n")
 
-    def _wait_ready(self, proc: subprocess.Popen[bytes]) -> None:
+    def _wait_ready(self, proc: subprocess.Popen[bytes] | _LeftServer) -> None:
         s = self.settings
         started = time.monotonic()
         deadline = started + s.startup_timeout_s

@@ -127,6 +127,7 @@ class _State:
     events: list[Event] = field(default_factory=list)
     keys_seen: list[str] = field(default_factory=list)
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
 
 
 def _unit(seed: int, key: str, attempt: int, salt: str) -> float:
@@ -184,6 +185,7 @@ class _Handler(BaseHTTPRequestHandler):
         with state.lock:
             state.keys_seen.append(key_given or "")
             state.bodies.append(body)
+            state.headers.append({k.lower(): v for k, v in self.headers.items()})
         if state.api_key is not None and key_given != state.api_key:
             self._pick_fault("unauthorized", arrived, forced="401")
             self._send(
@@ -463,6 +465,12 @@ class FaultServer:
     def bodies(self) -> list[dict[str, Any]]:
         with self._httpd.state.lock:
             return list(self._httpd.state.bodies)
+
+    @property
+    def headers(self) -> list[dict[str, str]]:
+        """Each request's headers (names in lower case), in the order of :attr:`bodies`."""
+        with self._httpd.state.lock:
+            return list(self._httpd.state.headers)
 
     def stats(self) -> dict[str, int]:
         """``{"requests": n, "answered": n, <fault kind>: n, ...}``."""

@@ -9,6 +9,7 @@ project's fault server as the stand-in.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -29,6 +30,7 @@ from experiments.serve import (
     free_port,
     group_alive,
     serve_settings,
+    serve_template,
     served_config,
 )
 
@@ -116,14 +118,16 @@ def test_lifecycle_start_kill_restart_stop(tmp_path):
     assert no_process_on(cfg.server.serve_port, "stand_in.py")
 
 
-def test_a_server_left_by_a_killed_runner_is_stopped_first(tmp_path):
+def test_a_server_left_by_a_killed_runner_with_another_command_is_stopped_first(tmp_path):
     cfg = config(tmp_path)
     settings = serve_settings(cfg, tmp_path / "server.log")
     orphan = ModelServer(settings).start()
     old = orphan.pid
     orphan._stopping.set()  # the runner "dies": its server keeps running, its pid file stays
     assert old is not None and group_alive(old)
-    fresh = ModelServer(settings).start()
+    # the same server with another command (e.g. a changed flag): not reused
+    changed = dataclasses.replace(settings, argv=(*settings.argv, "--another-flag"))
+    fresh = ModelServer(changed).start()
     try:
         assert orphan._proc is not None
         assert orphan._proc.wait(timeout=10) == -signal.SIGKILL  # reaped here, as init would
@@ -179,6 +183,81 @@ def test_served_config_checks():
     assert sum(waits[: cfg.models.backend_options["max_retries"]]) >= 600
 
 
+def test_the_server_commands_keep_vllms_own_sampling_defaults_and_report_cached_tokens():
+    """vLLM's default ``--generation-config auto`` would take repetition_penalty, top_k, ... from
+    the model's generation_config.json for what a request leaves out (in process they are never
+    taken), and without ``--enable-prompt-tokens-details`` the usage has no cached tokens."""
+    from experiments.matrix import load_preset
+
+    flags = ("--generation-config vllm", "--enable-prompt-tokens-details")
+    assert all(f in serve_template(RunConfig.of(model="vllm:m")) for f in flags)
+    commands = []
+    for path in sorted((ROOT / "experiments" / "configs").glob("*.yaml")):
+        preset = load_preset(str(path))
+        for values in (preset.base, *(job.overrides for job in preset.jobs)):
+            command = values.get("serve_command")
+            if command and " serve " in command:
+                commands.append(command)
+    assert len(commands) >= 6 and all(f in c for c in commands for f in flags), commands
+
+
+def test_serve_data_parallel_sends_each_game_to_one_engine(tmp_path):
+    """``--serve-data-parallel N``: the run's backend sends every request with an
+    ``X-data-parallel-rank`` header, the same for all the calls of a game (every step of its
+    episodes, in every trial, and its reflections), recorded here by a real local HTTP server."""
+    from agents.llm import make_backend
+    from agents.llm.base import CallSite, GenerationConfig, Message, Request
+    from experiments.runner import _backend_options
+    from tests.fault_server import FaultServer
+
+    with FaultServer() as server:
+        cfg = served_config(
+            RunConfig.of(model="vllm:fault-model", serve=True, serve_data_parallel=4), server.port
+        )
+        backend = make_backend(cfg.models.model, **_backend_options(cfg))
+        try:
+            assert backend.describe()["data_parallel_size"] == 4
+            games = [f"game-{g}" for g in range(8)]
+            requests = []
+            for trial in range(2):
+                for game in games:
+                    episode = f"{game}/t{trial}"
+                    site = CallSite(episode=episode, game=game, trial=trial)
+                    for step in range(3):
+                        requests.append(
+                            Request(
+                                config=GenerationConfig(max_tokens=4),
+                                prompt=f"[{episode}] step {step}\n>",
+                                site=dataclasses.replace(site, step=step),
+                            )
+                        )
+                    requests.append(
+                        Request(
+                            config=GenerationConfig(max_tokens=4, stop=()),
+                            messages=(Message("user", f"[{episode}] reflect"),),
+                            purpose="reflect",
+                            site=site,
+                        )
+                    )
+            backend.generate(requests)
+        finally:
+            backend.close()
+        seen: dict[str, set[str]] = {}
+        for body, headers in zip(server.bodies, server.headers, strict=True):
+            text = body.get("prompt") or body["messages"][0]["content"]
+            game = text[1:].split("/")[0]
+            seen.setdefault(game, set()).add(headers["x-data-parallel-rank"])
+    assert sorted(seen) == games and len(server.bodies) == 2 * 8 * 4
+    assert all(len(ranks) == 1 for ranks in seen.values()), seen  # one engine per game
+    ranks = {next(iter(r)) for r in seen.values()}
+    assert ranks <= {"0", "1", "2", "3"} and len(ranks) > 1  # and the games are spread
+    # a single engine: no header
+    assert (
+        "data_parallel_size"
+        not in served_config(RunConfig.of(model="vllm:m"), 8000).models.backend_options
+    )
+
+
 def test_cli_serve_errors_are_one_line(tmp_path):
     r = subprocess.run(
         [sys.executable, str(ROOT / "run_alfworld.py"), "--model", "openai:x", "--serve"],
@@ -186,6 +265,19 @@ def test_cli_serve_errors_are_one_line(tmp_path):
     )  # fmt: skip
     assert r.returncode == 2
     assert r.stderr.strip().splitlines()[-1].startswith("reflexsim: error: --serve starts")
+
+
+def assert_complete(run_dir: Path, episodes: int) -> None:
+    """The run is complete, with that many episodes, all done."""
+    from experiments.store import RunStore
+
+    store = RunStore(run_dir, readonly=True)
+    try:
+        assert store.run_state().complete
+        assert {e.status for e in store.episodes()} == {"done"}
+        assert len(store.episodes()) == episodes
+    finally:
+        store.close()
 
 
 def _steps(run_dir: Path) -> int:
@@ -314,12 +406,7 @@ def test_sigterm_stops_the_server_and_resume_starts_it_again(generated_games, tm
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
-    store = RunStore(run_dir, readonly=True)
-    try:
-        assert store.run_state().complete
-        assert {e.status for e in store.episodes()} == {"done"} and len(store.episodes()) == 2
-    finally:
-        store.close()
+    assert_complete(run_dir, episodes=2)
     log = (run_dir / "server.log").read_text()
     assert log.count("[reflexsim serve] starting") == 2 and log.count("stopped restarts=0") == 2
     assert no_process_on(port, "stand_in.py")
@@ -362,3 +449,68 @@ def test_a_matrix_shares_one_server_between_jobs_of_the_same_model(generated_gam
     assert not (run_dir / "reflexion" / "server.log").exists()
     pid = json.loads((run_dir / "server.pid").read_text())["pid"]
     assert not group_alive(pid) and no_process_on(port, "stand_in.py")
+
+
+def console_script(path: Path, python: str, body: str) -> Path:
+    """An installed-style launcher: a file whose ``#!`` line names its interpreter, so the
+    kernel runs ``python <file> ARGS`` and /proc shows the interpreter first."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"#!{python}\n{body}")
+    path.chmod(0o755)
+    return path
+
+
+def kill_runner_then_resume(
+    args: list[str], run_dir: Path, env: dict[str, str] | None = None, steps: int = 3
+) -> tuple[int, subprocess.CompletedProcess[str]]:
+    """Start a served run, ``kill -9`` its runner once it has written ``steps`` steps (its server
+    lives on: its own session), then ``--resume`` it. The left server's pid, and the resume."""
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "run_alfworld.py"), *args], cwd=run_dir.parent, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 900
+        while _steps(run_dir) < steps and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert proc.poll() is None, (
+            f"the run ended before the kill: {proc.communicate()[1][-3000:]}"
+        )
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    left = json.loads((run_dir / "server.pid").read_text())["pid"]
+    assert group_alive(left), "the server went with its runner"
+    resumed = subprocess.run(
+        [sys.executable, str(ROOT / "run_alfworld.py"), "--resume", str(run_dir)],
+        cwd=run_dir.parent, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    return left, resumed
+
+
+def test_a_console_script_server_left_by_a_killed_runner_is_reused(generated_games, tmp_path):
+    """A server started through a ``#!`` launcher (as the ``vllm`` command is) runs as
+    ``python <launcher> ...``: it is still recognised after ``kill -9`` of the runner, and the
+    resumed run reuses it instead of failing on a port "in use by another program"."""
+
+    launcher = console_script(
+        tmp_path / "bin" / "fake-vllm", sys.executable, STAND_IN.format(root=str(ROOT))
+    )
+    port = free_port()
+    run_dir = tmp_path / "run"
+    args = [
+        "--model", "vllm:fault-model", "--serve", "--serve-command", f"{launcher} {{port}}",
+        "--serve-port", str(port), "--data", str(generated_games), "--split", SPLIT,
+        "--games", "2", "--trials", "1", "--agent", "react", "--max-steps", "30",
+        "--concurrency", "1", "--run-dir", str(run_dir),
+    ]  # fmt: skip
+    left, resumed = kill_runner_then_resume(args, run_dir)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    log = (run_dir / "server.log").read_text()
+    assert f"reusing a server left by an earlier run pid={left}" in log
+    assert log.count("[reflexsim serve] starting") == 1 and "stopped restarts=0" in log
+    assert_complete(run_dir, episodes=2)
+    assert not group_alive(left) and no_process_on(port, "fake-vllm")

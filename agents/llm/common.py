@@ -125,6 +125,17 @@ def request_messages(
     return prompt_as_messages(request.prompt, chat_format, instruction)
 
 
+def routing_key(request: Request) -> str:
+    """What a request is routed by (a server, a data-parallel engine): its game, else its
+    prompt (or messages) text."""
+    game = request.site.game
+    if game is not None:
+        return f"game:{game}"
+    if request.prompt is not None:
+        return f"prompt:{request.prompt}"
+    return "messages:" + "\n".join(f"{m.role}:{m.content}" for m in request.messages or ())
+
+
 def check_chat_format(value: Any, *, allow_raw: bool, backend: str) -> str:
     allowed = CHAT_FORMATS if allow_raw else tuple(f for f in CHAT_FORMATS if f != "raw")
     if value not in allowed:

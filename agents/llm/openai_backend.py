@@ -45,6 +45,12 @@ none at all: a constrained request there is a one-line :class:`SpecError` naming
 ``--action-decoding nearest``. Every constrained answer is checked against the constraint, so a
 server that silently ignored the parameter is a :class:`BackendError`, not a wrong action.
 
+``data_parallel_size`` N > 1 (set by ``--serve-data-parallel N``): the server is one URL in front
+of N vLLM engines (``--data-parallel-size N``); every request carries an ``X-data-parallel-rank``
+header, a stable hash of its game mod N (:func:`data_parallel_rank`), so that all the steps of an
+episode, its reflection and the later trials of its game go to the engine whose prefix cache
+holds them, instead of wherever vLLM's balancer sends each one.
+
 Usage: prompt, completion and cached tokens as the server reports them (0 where it reports
 none). ``extra_body`` is sent with every request (e.g. ``{"repeat_penalty": 1.0}`` for a
 llama.cpp server, whose default of 1.1 differs from the OpenAI API's none).
@@ -52,6 +58,7 @@ llama.cpp server, whose default of 1.1 differs from the OpenAI API's none).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import time
@@ -70,6 +77,7 @@ from agents.llm.common import (
     opt_float,
     opt_int,
     prompt_as_messages,
+    routing_key,
     safe_url,
     url_secrets,
 )
@@ -105,6 +113,13 @@ def constraint_fields(dialect: str, constraint: ActionConstraint, newline: bool)
     raise SpecError(f"grammar_dialect={dialect!r} must be one of {', '.join(GRAMMAR_DIALECTS)}")
 
 
+def data_parallel_rank(request: Request, size: int) -> int:
+    """The engine (of ``size`` behind one vLLM URL) a request goes to: a stable hash of its game
+    (else its prompt), the same in every process and run."""
+    digest = hashlib.sha256(routing_key(request).encode()).digest()
+    return int.from_bytes(digest[:8], "big") % size
+
+
 def classify_openai_error(exc: BaseException) -> Retryable | None:
     """Retryable for timeouts, dropped connections, 408/409/429/5xx and malformed JSON."""
     import openai
@@ -137,6 +152,7 @@ class OpenAIBackend:
         extra_body: Mapping[str, Any] | None = None,
         max_tokens_param: str | None = None,
         grammar_dialect: str | None = None,
+        data_parallel_size: int | str = 1,
         name: str | None = None,
     ) -> None:
         who = "openai"
@@ -152,6 +168,7 @@ class OpenAIBackend:
         self.chat_format = check_chat_format(chat_format, allow_raw=False, backend=who)
         self.chat_instruction = chat_instruction
         self.concurrency = opt_int(who, "concurrency", concurrency, 1)
+        self.data_parallel_size = opt_int(who, "data_parallel_size", data_parallel_size, 1)
         self.timeout = opt_float(who, "timeout", timeout, 0.001)
         self.policy = RetryPolicy.from_options(
             who,
@@ -212,6 +229,7 @@ class OpenAIBackend:
             "extra_body": self.extra_body,
             "max_tokens_param": self.max_tokens_param,
             "grammar_dialect": self.grammar_dialect,
+            "data_parallel_size": self.data_parallel_size,
         }
 
     @property
@@ -272,6 +290,9 @@ class OpenAIBackend:
             endpoint = "chat"
         if extra:
             params["extra_body"] = extra
+        if self.data_parallel_size > 1:
+            rank = data_parallel_rank(request, self.data_parallel_size)
+            params["extra_headers"] = {"X-data-parallel-rank": str(rank)}
         return endpoint, params
 
     def _one(self, index: int, request: Request) -> Completion:

@@ -41,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from agents.llm.base import BackendError, Completion, Request, SpecError
-from agents.llm.common import safe_url
+from agents.llm.common import routing_key, safe_url
 from agents.llm.retry import concurrent_map
 
 log = logging.getLogger("agents.llm.sharded")
@@ -51,16 +51,6 @@ PROBE_TIMEOUT_S = 3.0
 
 class _RequestError(BackendError):
     """A request that failed on a server that answers: raised as is, never failed over."""
-
-
-def routing_key(request: Request) -> str:
-    """What a request is routed by: its game, else its prompt (or messages) text."""
-    game = request.site.game
-    if game is not None:
-        return f"game:{game}"
-    if request.prompt is not None:
-        return f"prompt:{request.prompt}"
-    return "messages:" + "\n".join(f"{m.role}:{m.content}" for m in request.messages or ())
 
 
 def ranking(key: str, urls: Sequence[str]) -> list[int]:

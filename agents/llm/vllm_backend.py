@@ -31,6 +31,17 @@ renderer (``parse_model_prompt`` + ``render_cmpl_async``, what ``LLM.generate`` 
 paths tokenize alike. Releases without a renderer get the prompt itself, and an awaitable
 ``get_tokenizer()`` (older releases) is awaited.
 
+Every request carries its sampling parameters; the engine adds only the EOS ids of the model's
+``generation_config.json`` (``vllm serve`` does the same under ``--generation-config vllm``,
+which :data:`SERVE_COMMAND` passes). The async engine is asked for the final output only
+(``RequestOutputKind.FINAL_ONLY``), not for the text so far at every step. Before an engine is
+built, ``VLLM_WORKER_MULTIPROC_METHOD`` is set to ``spawn`` unless already set: vLLM otherwise
+forks its engine process from a runner that already has threads.
+
+``chat_format`` (default ``"raw"``: prompts are sent as text) ``"user"`` or ``"prefill"`` wraps
+completion-style prompts as chat messages (see :mod:`agents.llm.common`) rendered with the
+model's chat template, ``"prefill"`` continuing the final assistant message.
+
 ``import vllm`` happens only when a backend is built; without it the constructor raises
 :class:`~agents.llm.base.MissingDependencyError`. On vLLM's CPU build ``gpu_memory_utilization``
 is the fraction of *host* memory to reserve; on a shared machine pass ``kv_cache_memory_bytes``
@@ -48,10 +59,14 @@ import importlib
 import importlib.metadata
 import inspect
 import itertools
+import json
 import logging
 import math
+import os
+import shlex
 import threading
 import time
+import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -64,7 +79,12 @@ from agents.llm.base import (
     Request,
     SpecError,
 )
-from agents.llm.common import grounding_error
+from agents.llm.common import (
+    CONTINUE_INSTRUCTION,
+    check_chat_format,
+    grounding_error,
+    request_messages,
+)
 from agents.llm.grounding import regex_for
 
 logger = logging.getLogger("agents.llm.vllm")
@@ -78,11 +98,23 @@ _EXTRA_TYPES: dict[str, str] = {
     "max_num_seqs": "int",
     "max_num_batched_tokens": "int",
     "pipeline_parallel_size": "int",
-    "swap_space": "float",
     "cpu_offload_gb": "float",
     "trust_remote_code": "bool",
     "enable_chunked_prefill": "bool",
 }
+
+# Engine options that recent vLLM releases no longer have: what to do instead.
+_GONE_OPTIONS: dict[str, str] = {
+    "swap_space": "vLLM no longer swaps KV blocks to host memory (recent releases have no "
+    "swap_space): drop it, or use cpu_offload_gb for weights",
+}
+
+#: ``vllm serve`` as a run starts it: vLLM's own sampling defaults, as in process (not the
+#: model's generation_config.json), and cached prompt tokens in the usage of every answer
+SERVE_COMMAND = (
+    "vllm serve {model} --host {host} --port {port} "
+    "--generation-config vllm --enable-prompt-tokens-details"
+)
 
 _BOOL_WORDS = {"1": True, "true": True, "yes": True, "on": True}
 _BOOL_WORDS.update({"0": False, "false": False, "no": False, "off": False})
@@ -107,16 +139,21 @@ def sampling_params_kwargs(config: GenerationConfig) -> dict[str, Any]:
     return kwargs
 
 
+def _params_module(vllm: Any) -> Any:
+    """``vllm.sampling_params`` (the module itself where a stand-in has no such submodule)."""
+    try:
+        return importlib.import_module(f"{vllm.__name__}.sampling_params")
+    except ImportError:
+        return vllm
+
+
 def structured_outputs_kwargs(
     vllm: Any, constraint: ActionConstraint, newline: bool
 ) -> dict[str, Any]:
     """The ``SamplingParams`` keyword that makes vLLM enforce ``constraint`` (see the module
     docstring for the two spellings)."""
     regex = regex_for(constraint, newline=newline)
-    try:
-        params = importlib.import_module(f"{vllm.__name__}.sampling_params")
-    except ImportError:
-        params = vllm
+    params = _params_module(vllm)
     if hasattr(params, "StructuredOutputsParams"):
         return {"structured_outputs": params.StructuredOutputsParams(regex=regex)}
     if hasattr(params, "GuidedDecodingParams"):
@@ -204,6 +241,8 @@ def engine_kwargs(
     if max_model_len is not None:
         kwargs["max_model_len"] = _as_int("max_model_len", max_model_len, 1)
     for name, value in extra.items():
+        if name in _GONE_OPTIONS:
+            raise SpecError(f"vllm option {name}: {_GONE_OPTIONS[name]}")
         kind = _EXTRA_TYPES.get(name)
         if kind == "int":
             value = _as_int(name, value, 0)
@@ -257,6 +296,59 @@ def vllm_version() -> str | None:
     return None
 
 
+def _flag(words: Sequence[str], name: str) -> str | None:
+    """The value a command line gives a flag (``--name value`` or ``--name=value``), or None."""
+    for i, word in enumerate(words):
+        if word == name and i + 1 < len(words):
+            return words[i + 1]
+        if word.startswith(f"{name}="):
+            return word.split("=", 1)[1]
+    return None
+
+
+def _server_version(base_url: str) -> str | None:
+    """What a vLLM server's ``/version`` says, or None (no such route, not answering)."""
+    root = base_url.split(",")[0].strip().rstrip("/").removesuffix("/v1")
+    try:
+        with urllib.request.urlopen(f"{root}/version", timeout=5.0) as response:
+            version = json.loads(response.read()).get("version")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return None if version is None else str(version)
+
+
+def engine_record(
+    model: str, base_url: str | None, serve: bool, serve_command: str | None
+) -> dict[str, Any] | None:
+    """What a run's manifest records of the vLLM engine behind a ``vllm:`` model (None for
+    another model): ``generation_config``, the sampling defaults for what a request leaves out
+    (``vllm``: vLLM's own, as in process; ``auto``: the model's ``generation_config.json``; None:
+    not known, a server this run did not start), ``batch_invariant`` (``VLLM_BATCH_INVARIANT``)
+    and ``vllm_version`` (in process the installed one, served what ``/version`` answers).
+    ``serve_command``: the run's server command (None: :data:`SERVE_COMMAND`)."""
+    if not model.strip().lower().startswith("vllm:"):
+        return None
+    invariant = os.environ.get("VLLM_BATCH_INVARIANT", "0").strip() not in ("", "0")
+    if not base_url:
+        return {
+            "engine": "in-process",
+            "generation_config": "vllm",
+            "batch_invariant": invariant,
+            "vllm_version": vllm_version(),
+        }
+    record: dict[str, Any] = {
+        "engine": "served" if serve else "server",
+        "generation_config": None,
+        "batch_invariant": invariant if serve else None,
+        "vllm_version": _server_version(base_url),
+    }
+    if serve:
+        words = shlex.split(serve_command or SERVE_COMMAND)
+        record["generation_config"] = _flag(words, "--generation-config") or "auto"
+        record["override_generation_config"] = _flag(words, "--override-generation-config")
+    return record
+
+
 def _json_safe(value: Any) -> Any:
     if value is None or isinstance(value, bool | int | float | str):
         return value
@@ -277,12 +369,22 @@ class VLLMBackend:
 
     grounding = "vLLM structured outputs (regex)"  # how an ActionConstraint is enforced
 
-    def __init__(self, model: str, **engine_options: Any) -> None:
+    def __init__(
+        self,
+        model: str,
+        *,
+        chat_format: str = "raw",
+        chat_instruction: str = CONTINUE_INSTRUCTION,
+        **engine_options: Any,
+    ) -> None:
         """``engine_options``: the keywords of :func:`engine_kwargs` (validated there)."""
+        self.chat_format = check_chat_format(chat_format, allow_raw=True, backend="vllm")
+        self.chat_instruction = chat_instruction
         self._engine_kwargs = engine_kwargs(model, **engine_options)
         self.model = model
         self.name = f"vllm:{model}"
         self._vllm = _import_vllm()
+        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # see the module docstring
         known = _known_engine_options(self._vllm)
         if known:
             check_engine_options(self._engine_kwargs, known)
@@ -378,12 +480,15 @@ class VLLMBackend:
     def _chat_tokens(self, request: Request) -> tuple[str, list[int]]:
         if self._tokenizer is None:
             self._tokenizer = self._llm.get_tokenizer()
-        messages = [{"role": m.role, "content": m.content} for m in request.messages or ()]
+        messages = request_messages(request, self.chat_format, self.chat_instruction)
+        prefill = request.messages is None and self.chat_format == "prefill"
         try:
             template = self._chat_template()
-            extra = {"chat_template": template} if template else {}
+            extra: dict[str, Any] = {"chat_template": template} if template else {}
+            if prefill:  # the model continues the prompt, the final assistant message
+                extra["continue_final_message"] = True
             text = self._tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True, **extra
+                messages, tokenize=False, add_generation_prompt=not prefill, **extra
             )
         except Exception as exc:  # transformers raises ValueError when there is no template
             raise SpecError(
@@ -396,13 +501,16 @@ class VLLMBackend:
 
     def _prompt(self, request: Request) -> tuple[Any, str]:
         """What vLLM gets for a request (text, or chat rendered to token ids) and the text."""
-        if request.prompt is not None:
+        if request.prompt is not None and self.chat_format == "raw":
             return request.prompt, request.prompt
         text, ids = self._chat_tokens(request)
         return {"prompt_token_ids": ids, "prompt": text}, text
 
     def _sampling_params(self, request: Request) -> Any:
         kwargs = sampling_params_kwargs(request.config)
+        kind = getattr(_params_module(self._vllm), "RequestOutputKind", None)
+        if kind is not None:  # one output per request, not the text so far at every step
+            kwargs["output_kind"] = kind.FINAL_ONLY
         if request.constraint is not None:
             newline = "\n" in request.config.stop
             kwargs.update(structured_outputs_kwargs(self._vllm, request.constraint, newline))
@@ -507,6 +615,7 @@ class VLLMBackend:
             "model": self.model,
             "engine": _json_safe(self._engine_kwargs),
             "chat_rendering": "tokenizer chat template, add_generation_prompt=True",
+            "chat_format": self.chat_format,
             "vllm_version": vllm_version(),
             "grounding": self.grounding,
         }
