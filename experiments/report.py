@@ -620,7 +620,12 @@ def attempt_error_lines(s: dict[str, Any]) -> list[str]:
         return []
     rows = [[e["episode"], e["attempt"], e["kind"], e["error"][:200]] for e in errors]
     header = ["episode", "attempt", "kind", "error"]
-    return ["### Harness errors (every attempt; tracebacks in the viewer)", "", _md_table(header, rows), ""]
+    return [
+        "### Harness errors (every attempt; tracebacks in the viewer)",
+        "",
+        _md_table(header, rows),
+        "",
+    ]
 
 
 def paired_table_md(paired: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:

@@ -22,9 +22,10 @@ from agents import arms
 from agents.arm import ArmContext, SearchLog
 from agents.episode import Agent
 from agents.evaluators import make_evaluator
-from agents.llm import make_backend
+from agents.llm import make_backend, parse_spec
 from agents.llm.base import Backend, GenerationConfig
 from agents.llm.ground_truth import NO_GROUND_TRUTH, GroundTruth
+from agents.llm.vllm_backend import DEFAULT_GPU_MEMORY_UTILIZATION
 from agents.parsing import GroundingRules
 from agents.prompting import PromptFileError, load_original_prompts, sha256, template_hashes
 from agents.react import ActorSettings
@@ -38,6 +39,7 @@ from experiments.config import (
     data_root,
     parse_deadline,
     public_values,
+    role_options_of,
 )
 from experiments.engine import Engine, ModelClient, Usage
 from experiments.errors import ConfigError, RunStoreError
@@ -250,22 +252,66 @@ def default_run_dir(cfg: RunConfig) -> Path:
     return Path("runs") / f"{stamp}-{model}-{cfg.protocol.agent.replace('+', '_')}"
 
 
-def _backend_options(cfg: RunConfig) -> dict[str, Any]:
+def _backend_options(cfg: RunConfig, role: str = "actor") -> dict[str, Any]:
     options = dict(cfg.models.backend_options)
     if cfg.models.base_url:
         options["base_url"] = cfg.models.base_url
     if cfg.models.chat_format:
         options["chat_format"] = cfg.models.chat_format
+    options.update(role_options_of(cfg.models.role_options, role))
     return options
+
+
+def _own_models(cfg: RunConfig) -> dict[str, str]:
+    """The roles with a backend of their own, and their specs: the actor, and each other role
+    that names another model or has options of its own (the rest share the actor's)."""
+    specs = {
+        "reflect": cfg.models.reflector,
+        "planner": cfg.planning.planner_model,
+        "escalate": cfg.safeguards.escalate_model,
+    }
+    own = {"actor": cfg.models.model}
+    for role, spec in specs.items():
+        if spec and (spec != cfg.models.model or role_options_of(cfg.models.role_options, role)):
+            own[role] = spec
+    return own
+
+
+def check_device_share(cfg: RunConfig) -> None:
+    """Refuse a run whose in-process vLLM models ask for more than the whole device memory
+    (``gpu_memory_utilization`` summed over the models with an engine of their own)."""
+    parts: list[tuple[float, str]] = []
+    for role, spec in _own_models(cfg).items():
+        options = _backend_options(cfg, role)
+        if parse_spec(spec).kind != "vllm" or options.get("base_url") or cfg.server.serve:
+            continue
+        key = "gpu_memory_utilization"
+        if key in role_options_of(cfg.models.role_options, role):
+            where = f"role_options {role}.{key}"
+        elif key in cfg.models.backend_options:
+            where = f"backend_options {key} ({role})"
+        else:
+            where = f"{role}'s default {key}"
+        try:
+            parts.append((float(options.get(key, DEFAULT_GPU_MEMORY_UTILIZATION)), where))
+        except (TypeError, ValueError):
+            continue  # the backend names a bad value itself
+    if len(parts) > 1 and sum(share for share, _ in parts) > 1.0 + 1e-9:
+        named = ", ".join(f"{where}={share:g}" for share, where in parts)
+        raise ConfigError(
+            f"the in-process vLLM models ask for more than the whole device: {named} add up to "
+            f"{sum(share for share, _ in parts):g} > 1.0; set each role's share with "
+            "--role-option ROLE.gpu_memory_utilization=FRACTION"
+        )
 
 
 def make_backends(cfg: RunConfig, truth: GroundTruth = NO_GROUND_TRUTH) -> tuple[Backend, Backend]:
     actor = make_backend(cfg.models.model, ground_truth=truth, **_backend_options(cfg))
-    if cfg.models.reflector == cfg.models.model:
+    if "reflect" not in _own_models(cfg):
         return actor, actor
     try:
         return actor, make_backend(
-            cfg.models.reflector, ground_truth=truth, **_backend_options(cfg)
+            cfg.models.reflector, ground_truth=truth, **_backend_options(cfg, "reflect")
         )
     except BaseException:
         actor.close()
@@ -429,6 +475,7 @@ def prepare(
     check_prompts_file(cfg, games)  # the prompt files: one-line errors before anything
     _instruction(cfg)
     code_prompts(cfg)
+    check_device_share(cfg)
     if resume:
         run_dir = Path(resume)
     elif cfg.execution.run_dir:
@@ -616,7 +663,7 @@ async def _execute(plan: Plan, progress: Progress) -> Path:
     with _RunLog(run_dir):
         try:
             escalate = extra.get("escalate")
-            if cfg.safeguards.escalate_model == cfg.models.model:
+            if escalate is None and cfg.safeguards.escalate_model == cfg.models.model:
                 escalate = actor  # the same model again: its own client
             loop = TrialLoop(
                 store, engine, agent, trial_plan, on_task_done=task_done,
@@ -757,11 +804,13 @@ def _extra_backends(cfg: RunConfig, truth: GroundTruth = NO_GROUND_TRUTH) -> dic
     """The planner and escalation models, when they are models of their own (built with the
     actor, so a bad spec or a missing API key is refused before the run directory is written)."""
     out: dict[str, Backend] = {}
-    specs = {"planner": cfg.planning.planner_model, "escalate": cfg.safeguards.escalate_model}
+    own = _own_models(cfg)
     try:
-        for role, spec in specs.items():
-            if spec and spec != cfg.models.model:
-                out[role] = make_backend(spec, ground_truth=truth, **_backend_options(cfg))
+        for role in ("planner", "escalate"):
+            if role in own:
+                out[role] = make_backend(
+                    own[role], ground_truth=truth, **_backend_options(cfg, role)
+                )
     except BaseException:
         _close_all(list(out.values()))
         raise
