@@ -283,3 +283,18 @@ def test_an_overcommitted_device_is_one_line_naming_the_keys(tmp_path: Path) -> 
     assert len(lines) == 1 and "actor's default gpu_memory_utilization=0.9" in lines[0]
     assert "role_options reflect.gpu_memory_utilization=0.3" in lines[0] and "1.2 > 1.0" in lines[0]
     assert not run_dir.exists()
+
+
+def test_a_context_limit_is_the_request_s_own_not_a_failover_between_shards() -> None:
+    from agents.llm.base import GenerationConfig
+
+    plan = FaultPlan(context_words=3)
+    with FaultServer(plan) as a, FaultServer(plan) as b:
+        backend = make_backend("openai:test", base_url=f"{a.url},{b.url}", max_retries=0)
+        try:
+            with pytest.raises(ContextLimitError) as caught:
+                backend.generate([Request(config=GenerationConfig(), prompt="one two three four")])
+        finally:
+            backend.close()
+        asked = a.stats().get("context", 0) + b.stats().get("context", 0)
+    assert (caught.value.prompt_tokens, caught.value.limit, asked) == (4, 3, 1)
