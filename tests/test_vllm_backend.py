@@ -758,6 +758,23 @@ def test_real_vllm_engine_killed_mid_run_is_rebuilt_and_every_episode_completes(
     assert run_log.count("vllm async engine ready") == 3  # actor, its rebuild, reflect
 
 
+def _context_limited(
+    episodes: list[Any], summary: dict[str, Any], limit: int
+) -> list[tuple[int, int]]:
+    """Every episode ended, once, at the model's context ``limit`` (done, class
+    ``context_limit``; the report counts them): the (prompt tokens, limit) of each verdict."""
+    assert episodes and all(e.status == "done" and e.attempts == 1 for e in episodes)
+    assert all(e.failure_class == "context_limit" for e in episodes)
+    assert summary["failure_classes"]["context_limit"] == len(episodes)
+    assert summary["errors"] == 0
+    counts: list[tuple[int, int]] = []
+    for e in episodes:
+        numbers = [int(n) for n in re.findall(r"\d+", e.verdict or "")]
+        assert len(numbers) == 2 and numbers[0] > 0 and numbers[1] == limit, e.verdict
+        counts.append((numbers[0], numbers[1]))
+    return counts
+
+
 class _StdioModel:
     """The vLLM engine of the backend_stdio process (in-process there, ``agenerate`` on its async
     engine) as a run's model: its context-limit errors come back as they were raised."""
@@ -825,14 +842,9 @@ def test_real_vllm_prompt_over_max_model_len_ends_episodes_as_context_limit(
     episodes = store.episodes()
     summary = summarize(store)
     store.close()
-    verdicts = [e.verdict or "" for e in episodes]
-    print(f"\nin-process vLLM, max_model_len 4096: {verdicts}")
-    assert len(episodes) == 2 and all(e.status == "done" for e in episodes)
-    assert all(e.failure_class == "context_limit" and e.attempts == 1 for e in episodes)
-    for verdict in verdicts:
-        tokens, limit = (int(n) for n in re.findall(r"\d+", verdict))
-        assert tokens > limit == 4096
-    assert summary["failure_classes"]["context_limit"] == 2 and summary["errors"] == 0
+    counts = _context_limited(episodes, summary, 4096)
+    print(f"\nin-process vLLM, max_model_len 4096: (prompt tokens, limit) {counts}")
+    assert all(tokens > limit for tokens, limit in counts)
 
 
 @pytest.mark.slow
@@ -873,11 +885,5 @@ def test_real_vllm_serve_prompt_over_max_model_len_is_context_limit(
         assert len(reader.model_calls()) == calls  # the resume asked nothing again
     finally:
         reader.close()
-    verdicts = [e.verdict or "" for e in episodes]
-    print(f"\nvllm serve, max_model_len 512: {verdicts}")
-    assert len(episodes) == 2 and all(e.status == "done" for e in episodes)
-    assert all(e.failure_class == "context_limit" and e.attempts == 1 for e in episodes)
-    for verdict in verdicts:
-        tokens, limit = (int(n) for n in re.findall(r"\d+", verdict))
-        assert tokens > 0 and limit == 512
-    assert summary["failure_classes"]["context_limit"] == 2 and summary["errors"] == 0
+    counts = _context_limited(episodes, summary, 512)
+    print(f"\nvllm serve, max_model_len 512: (prompt tokens, limit) {counts}")

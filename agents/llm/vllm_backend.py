@@ -321,6 +321,8 @@ class VLLMBackend:
         """Build the batch engine now (it is otherwise built by the first :meth:`generate`)."""
         if self._llm is not None or self._engine is not None:
             return
+        if self._start_error is not None:  # a dead engine past max_rebuilds
+            raise self._start_error
         started = time.perf_counter()
         try:
             self._llm = self._vllm.LLM(**self._engine_kwargs)
