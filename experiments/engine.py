@@ -67,7 +67,8 @@ def context_verdict(exc: ContextLimitError) -> str:
     """The verdict of an episode whose prompt outgrew the model's context."""
     tokens = "?" if exc.prompt_tokens is None else exc.prompt_tokens
     limit = "?" if exc.limit is None else exc.limit
-    return f"prompt of {tokens} tokens exceeds the model's context of {limit} tokens"
+    bound = "" if exc.exact else "at least "
+    return f"prompt of {bound}{tokens} tokens exceeds the model's context of {limit} tokens"
 
 
 class StopRun(Exception):

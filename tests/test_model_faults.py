@@ -15,6 +15,7 @@ from agents.llm import make_backend
 from agents.llm.base import Completion, ContextLimitError, ModelRestarted, Request
 from agents.llm.common import context_limit_error
 from experiments.config import RunConfig
+from experiments.engine import context_verdict
 from experiments.report import markdown_report, summarize
 from experiments.runner import _own_models, check_device_share, run
 from experiments.store import RunStore, open_reader
@@ -53,6 +54,10 @@ def test_context_limit_wordings(
     error = context_limit_error(message, code, "m")
     assert isinstance(error, ContextLimitError)
     assert (error.prompt_tokens, error.limit) == (tokens, limit)
+    assert error.exact == ("at least" not in message)  # vLLM's server stops counting there
+    assert context_verdict(error).startswith(
+        f"prompt of {'' if error.exact else 'at least '}{tokens if tokens else '?'} tokens"
+    )
 
 
 @pytest.mark.parametrize("message", ["Error code: 500 - overloaded", "rate limit", ""])

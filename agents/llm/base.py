@@ -198,14 +198,22 @@ class ContextLimitError(BackendError):
     """The prompt does not fit the model's context (llama.cpp ``n_ctx``, vLLM ``max_model_len``,
     an API's ``context_length_exceeded``): the episode's own failure (its prompt grew too long),
     recorded with the prompt's token count, never an infrastructure error and never retried.
-    ``prompt_tokens``/``limit``: as the backend or server said (None where it did not)."""
+    ``prompt_tokens``/``limit``: as the backend or server said (None where it did not);
+    ``exact``: False where the count is a lower bound (a server that stops counting past its
+    limit says "at least N")."""
 
     def __init__(
-        self, message: str, *, prompt_tokens: int | None = None, limit: int | None = None
+        self,
+        message: str,
+        *,
+        prompt_tokens: int | None = None,
+        limit: int | None = None,
+        exact: bool = True,
     ) -> None:
         super().__init__(message)
         self.prompt_tokens = prompt_tokens
         self.limit = limit
+        self.exact = exact
 
 
 class ModelRestarted(BackendError):

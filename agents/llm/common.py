@@ -276,8 +276,8 @@ _LIMIT_WORDS = (
     re.compile(r"tokens > (\d+) maximum"),  # Anthropic: "prompt is too long: N tokens > M maximum"
 )
 _PROMPT_WORDS = re.compile(
-    r"(?:prompt \(length|prompt contains(?: at least)?|resulted in|you requested|prompt of"
-    r"|your request has|too long:) (\d+)"
+    r"(?:prompt \(length|prompt contains|resulted in|you requested|prompt of|your request has"
+    r"|too long:) (at least )?(\d+)"
 )
 
 
@@ -291,12 +291,14 @@ def context_limit_error(
     if limit is None and code != CONTEXT_LIMIT_CODE:
         return None
     prompt = _PROMPT_WORDS.search(message)
-    tokens = int(prompt.group(1)) if prompt else None
+    tokens = int(prompt.group(2)) if prompt else None
+    bound = "at least " if prompt and prompt.group(1) else ""
     size = int(limit.group(1)) if limit else None
     first = (message.strip().splitlines() or [""])[0][:300]
     return ContextLimitError(
-        f"{who}: the prompt ({tokens if tokens is not None else '?'} tokens) does not fit the "
-        f"context ({size if size is not None else '?'} tokens): {first}",
+        f"{who}: the prompt ({bound}{tokens if tokens is not None else '?'} tokens) does not fit "
+        f"the context ({size if size is not None else '?'} tokens): {first}",
         prompt_tokens=tokens,
         limit=size,
+        exact=not bound,
     )

@@ -66,6 +66,7 @@ from agents.llm.base import (
     ActionConstraint,
     BackendError,
     Completion,
+    ContextLimitError,
     GenerationConfig,
     MissingDependencyError,
     ModelRestarted,
@@ -528,16 +529,36 @@ class VLLMBackend:
                 return self._start_error
         return ModelRestarted(f"the vllm engine of {self.model!r} died and was rebuilt: {exc}")
 
-    def _request_error(self, exc: BaseException, engine: Any) -> BackendError:
-        """What a failed request raises: a prompt over ``max_model_len``, a dead engine, or
-        another failure of the request."""
+    def _request_error(self, exc: BaseException, engine: Any, prompt: Any = None) -> BackendError:
+        """What a failed request raises: a prompt over ``max_model_len`` (with the prompt's own
+        token count: vLLM counts a long prompt only to the limit), a dead engine, or another
+        failure of the request."""
         limit = context_limit_error(str(exc), None, self.name)
         if limit is not None:
-            return limit
+            counted = self._prompt_length(prompt)
+            if counted is None or counted == limit.prompt_tokens:
+                return limit
+            return ContextLimitError(
+                f"{self.name}: the prompt ({counted} tokens) does not fit max_model_len="
+                f"{limit.limit}",
+                prompt_tokens=counted,
+                limit=limit.limit,
+            )
         dead = {t.__name__ for t in type(exc).__mro__} & _DEAD_ENGINE_ERRORS
         if dead or getattr(engine, "errored", False) is True:
             return _EngineDied(f"{_first_line(exc)}")
         return BackendError(f"vllm generate failed: {_first_line(exc)}")
+
+    def _prompt_length(self, prompt: Any) -> int | None:
+        """The prompt's length in the model's tokens (None when it cannot be counted here)."""
+        if isinstance(prompt, Mapping):
+            return len(prompt["prompt_token_ids"])
+        if not isinstance(prompt, str) or self._tokenizer is None:
+            return None
+        try:
+            return len(self._tokenizer.encode(prompt))
+        except Exception:  # a count for the record only: vLLM's own stands then
+            return None
 
     async def _on_engine(self, request: Request, engine: Any) -> Completion:
         """One request through the async engine; runs on the engine's loop."""
@@ -551,7 +572,7 @@ class VLLMBackend:
             async for output in engine.generate(engine_input, params, request_id):
                 final = output
         except Exception as exc:
-            raise self._request_error(exc, engine) from exc
+            raise self._request_error(exc, engine, prompt) from exc
         if final is None:
             raise BackendError(f"vllm returned no output for request {request_id}")
         return _completion(final, sent, time.perf_counter() - started)
