@@ -117,7 +117,7 @@ def test_api_context_length_exceeded_ends_the_episode_as_context_limit(
     def cfg(url: str, name: str) -> RunConfig:
         return RunConfig.of(
             model="openai:test", base_url=url, data=str(generated_games), split=SPLIT, trials=1,
-            max_steps=6, workers=1, concurrency=6, run_dir=str(tmp_path / name),
+            games=3, max_steps=4, workers=1, concurrency=3, run_dir=str(tmp_path / name),
             backend_options={"max_retries": 2, "timeout": 5, "backoff_base": 0.01},
         )  # fmt: skip
 
@@ -171,7 +171,7 @@ def test_an_infrastructure_error_keeps_its_traceback_and_a_retry_keeps_it(
         port = server.port
         cfg = RunConfig.of(
             model="openai:test", base_url=server.url, data=str(generated_games), split=SPLIT,
-            trials=1, max_steps=3, run_dir=str(tmp_path / "run"),
+            task_types=("heat", "cool"), trials=1, max_steps=3, run_dir=str(tmp_path / "run"),
             backend_options={"max_retries": 0, "timeout": 5},
         )  # fmt: skip
         run_dir = run(cfg)
