@@ -15,15 +15,16 @@ from agents import arms
 from agents.arm import ArmContext, SearchLog
 from agents.episode import Agent
 from agents.evaluators import make_evaluator
-from agents.llm import make_backend
+from agents.llm import make_backend, parse_spec
 from agents.llm.base import Backend, GenerationConfig
 from agents.llm.ground_truth import NO_GROUND_TRUTH, GroundTruth
+from agents.llm.vllm_backend import DEFAULT_GPU_MEMORY_UTILIZATION
 from agents.parsing import GroundingRules
 from agents.prompting import PromptFileError, file_sha256, load_original_prompts, sha256
 from agents.react import ActorSettings
 from agents.reflexion import ReflexionSettings
 from agents.reflexion_code import CODE_PROTOCOL, CodePrompts, layout_text, read_wording
-from experiments.config import RunConfig
+from experiments.config import RunConfig, role_options_of
 from experiments.errors import ConfigError
 from experiments.trials import Safeguards, Task, TrialPlan
 
@@ -40,14 +41,59 @@ def generation_config(cfg: RunConfig) -> GenerationConfig:
     )  # fmt: skip
 
 
-def backend_options(cfg: RunConfig) -> dict[str, Any]:
-    """The keyword options every model backend of the run is made with."""
+def backend_options(cfg: RunConfig, role: str = "actor") -> dict[str, Any]:
+    """The keyword options ``role``'s model backend is made with: the run's, then the role's own."""
     options = dict(cfg.models.backend_options)
     if cfg.models.base_url:
         options["base_url"] = cfg.models.base_url
     if cfg.models.chat_format:
         options["chat_format"] = cfg.models.chat_format
+    options.update(role_options_of(cfg.models.role_options, role))
     return options
+
+
+def own_models(cfg: RunConfig) -> dict[str, str]:
+    """The roles with a backend of their own, and their specs: the actor, and each other role
+    that names another model or has options of its own (the rest share the actor's)."""
+    specs = {
+        "reflect": cfg.models.reflector,
+        "planner": cfg.section("planning").planner_model,
+        "escalate": cfg.safeguards.escalate_model,
+    }
+    own = {"actor": cfg.models.model}
+    for role, spec in specs.items():
+        if spec and (spec != cfg.models.model or role_options_of(cfg.models.role_options, role)):
+            own[role] = spec
+    return own
+
+
+def check_device_share(cfg: RunConfig) -> None:
+    """Refuse a run whose in-process vLLM models ask for more than the whole device memory
+    (``gpu_memory_utilization`` summed over the models with an engine of their own)."""
+    parts: list[tuple[float, str]] = []
+    key = "gpu_memory_utilization"
+    for role, spec in own_models(cfg).items():
+        options = backend_options(cfg, role)
+        if parse_spec(spec).kind != "vllm" or options.get("base_url") or cfg.server.serve:
+            continue
+        if key in role_options_of(cfg.models.role_options, role):
+            where = f"role_options {role}.{key}"
+        elif key in cfg.models.backend_options:
+            where = f"backend_options {key} ({role})"
+        else:
+            where = f"{role}'s default {key}"
+        try:
+            parts.append((float(options.get(key, DEFAULT_GPU_MEMORY_UTILIZATION)), where))
+        except (TypeError, ValueError):
+            continue  # the backend names a bad value itself
+    total = sum(share for share, _ in parts)
+    if len(parts) > 1 and total > 1.0 + 1e-9:
+        named = ", ".join(f"{where}={share:g}" for share, where in parts)
+        raise ConfigError(
+            f"the in-process vLLM models ask for more than the whole device: {named} add up to "
+            f"{total:g} > 1.0; set each role's share with "
+            "--role-option ROLE.gpu_memory_utilization=FRACTION"
+        )
 
 
 def code_prompts(cfg: RunConfig) -> CodePrompts | None:
@@ -182,14 +228,13 @@ def extra_backends(cfg: RunConfig, truth: GroundTruth = NO_GROUND_TRUTH) -> dict
     """The planner and escalation models, when they are models of their own (built with the
     actor, so a bad spec or a missing API key is refused before the run directory is written)."""
     out: dict[str, Backend] = {}
-    specs = {
-        "planner": cfg.section("planning").planner_model,
-        "escalate": cfg.safeguards.escalate_model,
-    }
+    own = own_models(cfg)
     try:
-        for role, spec in specs.items():
-            if spec and spec != cfg.models.model:
-                out[role] = make_backend(spec, ground_truth=truth, **backend_options(cfg))
+        for role in ("planner", "escalate"):
+            if role in own:
+                out[role] = make_backend(
+                    own[role], ground_truth=truth, **backend_options(cfg, role)
+                )
     except BaseException:
         for backend in out.values():
             backend.close()

@@ -236,9 +236,10 @@ def _run_matrix(args: argparse.Namespace, preset: Any) -> int:
 def _write_report_if_available(run_dir: Path) -> Path | None:
     try:
         from experiments.report import write_report
-    except ImportError:
+
+        return write_report([run_dir])
+    except ImportError:  # scipy or matplotlib (imported when used) missing: `report` makes it later
         return None
-    return write_report([run_dir])
 
 
 def _export(args: argparse.Namespace) -> int:

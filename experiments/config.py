@@ -47,6 +47,31 @@ def _choices(meta: Mapping[str, Any]) -> tuple[str, ...] | None:
     return choices() if callable(choices) else choices
 
 
+MODEL_ROLES = ("actor", "reflect", "planner", "escalate")
+
+
+def role_options_of(options: Mapping[str, Any], role: str) -> dict[str, Any]:
+    """One role's own backend options, from ``ROLE.KEY: VALUE`` keys (or a ``ROLE:`` mapping)."""
+    out: dict[str, Any] = {}
+    for key, value in options.items():
+        name, _, leaf = str(key).partition(".")
+        if name == role and leaf:
+            out[leaf] = value
+        elif name == role and isinstance(value, Mapping):
+            out.update({str(k): v for k, v in value.items()})
+    return out
+
+
+def _role_options(value: Mapping[str, Any]) -> None:
+    for key, item in value.items():
+        role, _, leaf = str(key).partition(".")
+        if role not in MODEL_ROLES or not (leaf or isinstance(item, Mapping)):
+            raise ValueError(
+                f"{key!r} is not ROLE.KEY with ROLE one of {', '.join(MODEL_ROLES)} "
+                "(e.g. reflect.gpu_memory_utilization=0.3)"
+            )
+
+
 def _deadline(value: str) -> None:
     parse_deadline(value, 0.0)
 
@@ -83,6 +108,15 @@ class ModelConfig:
         "max_retries=N more attempts each get their own); flag: --backend-option KEY=VALUE, "
         "repeatable",
         flag="--backend-option",
+    )
+    role_options: dict[str, Any] = option(
+        {},
+        "one role's backend options over backend_options, ROLE.KEY=VALUE with ROLE actor, "
+        "reflect, planner or escalate (e.g. reflect.gpu_memory_utilization=0.3); a role with "
+        "options of its own gets its own backend even when it names the actor's model; flag: "
+        "--role-option ROLE.KEY=VALUE, repeatable",
+        flag="--role-option",
+        check=_role_options,
     )
     action_decoding: str = option(
         "free",

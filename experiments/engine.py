@@ -11,8 +11,13 @@ module implements. An episode advances the moment its own model answer or env re
   other backend (llama.cpp, transformers, scripted) gets everything pending, one batch at a
   time, the next batch formed from whatever arrived meanwhile;
 - a request that fails after the backend's retries fails its own episode (an infrastructure
-  error, retried on ``--resume``) and nothing else; a dead env worker's episode is re-simulated
-  from its recorded actions and carries on.
+  error, retried on ``--resume``; its traceback is kept in the store's ``episode_errors``) and
+  nothing else; a dead env worker's episode is re-simulated from its recorded actions and
+  carries on;
+- a prompt that outgrew the model's context (:class:`ContextLimitError`) ends its episode as the
+  agent's failure, class ``context_limit``, with the prompt's token count in its verdict (never
+  retried); a model engine that died and was rebuilt (:class:`ModelRestarted`) has its episodes
+  in flight played again from the start, as fresh attempts (at most ``RESTART_RERUNS`` each).
 
 Every step is committed to the run store as the agent records it; every model call is a row of
 its own (purpose, tokens, latency). The bound of a run is max(model time / concurrency, env
@@ -22,21 +27,48 @@ time / workers): ``benchmarks/bench_engine.py`` measures against it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
+import traceback
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from agents.episode import Agent, EnvReply, EpisodeEnd, EpisodeSpec
-from agents.llm.base import OVERSIZED, AsyncBackend, Backend, BackendError, Completion, Request
+from agents.llm.base import (
+    OVERSIZED,
+    AsyncBackend,
+    Backend,
+    BackendError,
+    Completion,
+    ContextLimitError,
+    ModelRestarted,
+    Request,
+)
 from envs.aio import AsyncEnvPool
 from envs.pool import Reset, StepResult, WorkerCrashed
 from experiments.store import RunStore
 from memory.records import EpisodeStatus, FailureClass, ModelCall, Step
 
 log = logging.getLogger("reflexsim.engine")
+
+RESTART_RERUNS = 3  # times one episode is played again after its model engine was rebuilt
+TRACEBACK_CHARS = 20000  # of an infrastructure error's traceback kept in the store
+
+
+def traceback_text(exc: BaseException) -> str:
+    """``exc``'s whole traceback, its causes included (capped), for the store."""
+    return "".join(traceback.format_exception(exc))[-TRACEBACK_CHARS:]
+
+
+def context_verdict(exc: ContextLimitError) -> str:
+    """The verdict of an episode whose prompt outgrew the model's context."""
+    tokens = "?" if exc.prompt_tokens is None else exc.prompt_tokens
+    limit = "?" if exc.limit is None else exc.limit
+    bound = "" if exc.exact else "at least "
+    return f"prompt of {bound}{tokens} tokens exceeds the model's context of {limit} tokens"
 
 
 class StopRun(Exception):
@@ -252,18 +284,30 @@ class _Episode:
     def record(self, step: Step) -> None:
         self.engine.store.add_step(self.spec.episode_id, step)
 
-    def fail(self, error: str) -> None:
-        """End the episode as an infrastructure error (its row is made if it has none)."""
+    def fail(self, error: str, exc: BaseException) -> None:
+        """End the episode as an infrastructure error (its row is made if it has none); ``exc``'s
+        traceback is kept with the attempt."""
         if not self.started:
             self._begin("", "")
         log.warning("episode %s: %s", self.spec.episode_id, error)
-        self.engine.store.finish_episode(
+        store = self.engine.store
+        store.add_episode_error(self.spec.episode_id, "infra_error", error, traceback_text(exc))
+        store.finish_episode(
             self.spec.episode_id,
             status=EpisodeStatus.ERROR.value,
             won=False,
             failure_class=FailureClass.INFRA_ERROR.value,
             error=error[:2000],
         )
+
+    def again(self, exc: ModelRestarted) -> None:
+        """The model engine died under this attempt: keep why, and play the episode again."""
+        store, episode = self.engine.store, self.spec.episode_id
+        log.warning("episode %s: %s; played again from the start", episode, exc)
+        store.log_event("engine_restart", str(exc), episode)
+        if self.started:
+            store.add_episode_error(episode, "engine_restart", str(exc), traceback_text(exc))
+            store.retry_episode(episode)
 
 
 class Engine:
@@ -347,7 +391,8 @@ class Engine:
             )  # fmt: skip
             if exc.retries:
                 self.store.log_event("retry", f"{exc.retries} retries", episode_id)
-            self.store.log_event("infra_error", f"{type(exc).__name__}: {exc}", episode_id)
+            if not isinstance(exc, ContextLimitError | ModelRestarted):  # they log their own
+                self.store.log_event("infra_error", f"{type(exc).__name__}: {exc}", episode_id)
             raise
         self.usage.add(completion)
         self.store.add_model_call(
@@ -381,26 +426,49 @@ class Engine:
                 self._free.put_nowait(slot)
         self.check_stop()
         slot = await self._free.get()
-        episode = _Episode(self, spec, slot, model)
         try:
-            try:
-                end = await agent.play(episode)
-            except (BackendError, EnvFailure) as exc:
-                prefix = "backend: " if isinstance(exc, BackendError) else ""
-                episode.fail(f"{prefix}{exc}")
-                self.on_episode_done(spec, None)
-                return None
-            self.store.finish_episode(
-                spec.episode_id,
-                status=EpisodeStatus.DONE.value,
-                won=end.won,
-                failure_class=end.failure_class,
-                verdict=end.verdict,
-            )
-            self.on_episode_done(spec, end)
-            return end
+            for attempt in range(RESTART_RERUNS + 1):
+                episode = _Episode(self, spec, slot, model)
+                episode.started = episode.started or attempt > 0
+                try:
+                    return await self._attempt(episode, agent, last=attempt == RESTART_RERUNS)
+                except ModelRestarted as exc:
+                    episode.again(exc)
+                    spec = dataclasses.replace(spec, resume_steps=(), resumed_observation=None)
+                finally:
+                    if episode.admitted:
+                        assert self._places is not None
+                        self._places.release()
+            raise AssertionError("unreachable: the last attempt fails as an infrastructure error")
         finally:
-            if episode.admitted:
-                assert self._places is not None
-                self._places.release()
             self._free.put_nowait(slot)
+
+    async def _attempt(self, episode: _Episode, agent: Agent, last: bool) -> EpisodeEnd | None:
+        """One attempt at an episode: its end; None when the harness failed it; raises
+        ModelRestarted when it is to be played again (never on the ``last`` attempt)."""
+        spec = episode.spec
+        try:
+            end = await agent.play(episode)
+        except ModelRestarted as exc:
+            if not last:
+                raise
+            episode.fail(f"backend: {exc} (played {RESTART_RERUNS + 1} times)", exc)
+            self.on_episode_done(spec, None)
+            return None
+        except ContextLimitError as exc:
+            end = EpisodeEnd(False, FailureClass.CONTEXT_LIMIT.value, context_verdict(exc))
+            self.store.log_event("context_limit", f"{end.verdict}: {exc}", spec.episode_id)
+        except (BackendError, EnvFailure) as exc:
+            prefix = "backend: " if isinstance(exc, BackendError) else ""
+            episode.fail(f"{prefix}{exc}", exc)
+            self.on_episode_done(spec, None)
+            return None
+        self.store.finish_episode(
+            spec.episode_id,
+            status=EpisodeStatus.DONE.value,
+            won=end.won,
+            failure_class=end.failure_class,
+            verdict=end.verdict,
+        )
+        self.on_episode_done(spec, end)
+        return end

@@ -45,9 +45,11 @@ FIG_DPI = 100
 PNG_SIZE = (int(FIG_SIZE_IN[0] * FIG_DPI), int(FIG_SIZE_IN[1] * FIG_DPI))
 
 # Agent failure classes, in the order plots and tables show them (harness errors are separate;
-# the oscillation stop is shown when it happened).
+# the oscillation stop and the context limit are shown when they happened).
 AGENT_FAILURES = tuple(
-    c.value for c in FailureClass if c not in (FailureClass.INFRA_ERROR, FailureClass.OSCILLATING)
+    c.value
+    for c in FailureClass
+    if c not in (FailureClass.INFRA_ERROR, FailureClass.OSCILLATING, FailureClass.CONTEXT_LIMIT)
 )
 ERROR_BAR = "harness error"
 
@@ -181,6 +183,10 @@ def summarize(reader: RunReader) -> dict[str, Any]:
         "errors": statuses.get(EpisodeStatus.ERROR.value, 0),
         "episodes": statuses,
         "events": reader.event_counts(),
+        "attempt_errors": [
+            {"episode": e.episode_id, "attempt": e.attempt, "kind": e.kind, "error": e.error}
+            for e in reader.episode_errors()
+        ],
         "status": reader.run_state().to_dict(),
         "started_at": manifest.get("started_at"),
         "compute": compute,
@@ -607,6 +613,21 @@ def escalation_lines(s: dict[str, Any]) -> list[str]:
     ]
 
 
+def attempt_error_lines(s: dict[str, Any]) -> list[str]:
+    """The harness errors of every attempt (those a retry played over included), when any."""
+    errors = s.get("attempt_errors") or []
+    if not errors:
+        return []
+    rows = [[e["episode"], e["attempt"], e["kind"], e["error"][:200]] for e in errors]
+    header = ["episode", "attempt", "kind", "error"]
+    return [
+        "### Harness errors (every attempt; tracebacks in the viewer)",
+        "",
+        _md_table(header, rows),
+        "",
+    ]
+
+
 def paired_table_md(paired: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
     header = ["A", "B", "trial", "tasks", "both", "only A", "only B", "neither", "p (McNemar)"]
     rows = [
@@ -680,6 +701,7 @@ def markdown_report(
             "",
             _md_table(["class", "episodes"], sorted(s["failure_classes"].items())),
             "",
+            *attempt_error_lines(s),
         ]
     parts += ["![learning curve](learning_curve.png)", "", "![failures](failures.png)", ""]
     parts += ["![success at equal compute](compute.png)", ""]

@@ -28,11 +28,13 @@ from envs.ground_truth import GameFileTruth
 from experiments.arming import (
     backend_options,
     build_agent,
+    check_device_share,
     check_prompts_file,
     code_prompts,
     extra_backends,
     generation_config,
     instruction,
+    own_models,
     prompt_file_hashes,
     trial_plan_of,
 )
@@ -246,10 +248,12 @@ def default_run_dir(cfg: RunConfig) -> Path:
 
 def make_backends(cfg: RunConfig, truth: GroundTruth = NO_GROUND_TRUTH) -> tuple[Backend, Backend]:
     actor = make_backend(cfg.models.model, ground_truth=truth, **backend_options(cfg))
-    if cfg.models.reflector == cfg.models.model:
+    if "reflect" not in own_models(cfg):
         return actor, actor
     try:
-        return actor, make_backend(cfg.models.reflector, ground_truth=truth, **backend_options(cfg))
+        return actor, make_backend(
+            cfg.models.reflector, ground_truth=truth, **backend_options(cfg, "reflect")
+        )
     except BaseException:
         actor.close()
         raise
@@ -401,6 +405,7 @@ def prepare(
     check_prompts_file(cfg, games.tasks)  # the prompt files: one-line errors before anything
     instruction(cfg)
     code_prompts(cfg)
+    check_device_share(cfg)
     if resume:
         run_dir = Path(resume)
     elif cfg.execution.run_dir:
@@ -588,7 +593,7 @@ async def _execute(plan: Plan, progress: Progress) -> Path:
     with _RunLog(run_dir):
         try:
             escalate = extra.get("escalate")
-            if cfg.safeguards.escalate_model == cfg.models.model:
+            if escalate is None and cfg.safeguards.escalate_model == cfg.models.model:
                 escalate = actor  # the same model again: its own client
             loop = TrialLoop(
                 store, engine, agent, trial_plan, on_task_done=task_done,

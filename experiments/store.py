@@ -246,9 +246,18 @@ _TABLES_ADDED = (
     reason TEXT NOT NULL,            -- a TaskEnd value
     created_at REAL NOT NULL
 )""",
+    """CREATE TABLE IF NOT EXISTS episode_errors (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    episode_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL,        -- the episode's attempt it ended (1: the first)
+    kind TEXT NOT NULL,              -- infra_error | engine_restart
+    error TEXT NOT NULL,             -- one line
+    traceback TEXT NOT NULL,         -- the whole traceback, causes included
+    created_at REAL NOT NULL
+)""",
 )
 _ADDED_NAMES = ("search_nodes", "search_iterations", "search_ends", "reflection_notes",
-                "escalations", "task_ends")  # fmt: skip
+                "escalations", "task_ends", "episode_errors")  # fmt: skip
 
 _NODE_COLUMNS = tuple(f.name for f in dataclasses.fields(SearchNode))
 _ITERATION_COLUMNS = tuple(f.name for f in dataclasses.fields(SearchIteration))
@@ -365,6 +374,18 @@ class EventRow:
     kind: str
     episode_id: str | None
     detail: str
+
+
+@dataclass(frozen=True)
+class EpisodeError:
+    """One harness failure of an episode's attempt, kept when the episode is played again."""
+
+    episode_id: str
+    attempt: int
+    kind: str  # infra_error | engine_restart
+    error: str
+    traceback: str
+    created_at: float
 
 
 @dataclass(frozen=True)
@@ -994,6 +1015,14 @@ class RunReader:
         rows = self._select(cols, "model_calls", "id", "episode_id", episode)
         return [ModelCall(**dict(r)) for r in rows]
 
+    def episode_errors(self, episode: str | None = None) -> list[EpisodeError]:
+        """The harness failures of every attempt (of ``episode``, or of all), oldest first."""
+        if "episode_errors" not in self._added:
+            return []
+        cols = ", ".join(f.name for f in dataclasses.fields(EpisodeError))
+        rows = self._select(cols, "episode_errors", "id", "episode_id", episode)
+        return [EpisodeError(**dict(r)) for r in rows]
+
     def calls_by_purpose(self) -> dict[str, CallTotals]:
         """Model calls summed per purpose (act, reflect, judge, ...)."""
         rows = self._conn.execute("SELECT * FROM call_totals ORDER BY purpose").fetchall()
@@ -1222,6 +1251,14 @@ class RunStore(RunReader):
             "UPDATE episodes SET status=?, won=?, failure_class=?, verdict=?, error=?, finished_at=?"
             " WHERE episode_id=?",
             (EpisodeStatus(status).value, int(won), failure, verdict, error, time.time(), episode),
+        )
+
+    def add_episode_error(self, episode: str, kind: str, error: str, traceback: str) -> None:
+        """Keep why the episode's current attempt failed (a retry forgets its row's error)."""
+        self._conn.execute(
+            "INSERT INTO episode_errors(episode_id, attempt, kind, error, traceback, created_at)"
+            " SELECT episode_id, attempts, ?, ?, ?, ? FROM episodes WHERE episode_id=?",
+            (kind, error, traceback, time.time(), episode),
         )
 
     def set_judge(self, episode: str, verdict: str, reason: str) -> None:

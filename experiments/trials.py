@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from agents import reflexion
 from agents import reflexion_code as code
 from agents.episode import Agent, EpisodeSpec, episode_seed
-from agents.llm.base import BackendError, Completion, Request
+from agents.llm.base import BackendError, Completion, ModelRestarted, Request
 from agents.memory_policy import NO_MEMORY, Failed, MemoryPolicy
 from agents.reflexion import ReflexionSettings
-from experiments.engine import Engine, ModelClient, StopRun
+from experiments.engine import RESTART_RERUNS, Engine, ModelClient, StopRun
 from experiments.store import EpisodeRow, RunStore, TaskEnd, episode_id, escalation_id
 from memory.records import EpisodeStatus, FailureClass, Reflection, Step, StepKind
 
@@ -384,4 +384,11 @@ class _TaskModel:
         self.trial = trial
 
     async def generate(self, request: Request) -> Completion:
+        """The call, asked again when the model's engine died under it and was rebuilt (the
+        request holds everything it needs; the backend caps the rebuilds)."""
+        for _ in range(RESTART_RERUNS):
+            try:
+                return await self.engine.generate(request, self.game, self.trial)
+            except ModelRestarted:
+                continue
         return await self.engine.generate(request, self.game, self.trial)

@@ -33,6 +33,7 @@ class FailureClass(StrEnum):
     INFRA_ERROR = "infra_error"  # the harness, not the agent
     OTHER = "other"
     OSCILLATING = "oscillating"  # repeated an earlier trial's actions exactly: not retried
+    CONTEXT_LIMIT = "context_limit"  # its prompt outgrew the model's context: not retried
 
 
 class _Record:

@@ -9,7 +9,8 @@ For backends whose library lives in another environment (vLLM's CPU build and to
 ``--option name=value`` are the backend's options (strings, as in a config file).
 
 Each input line is ``{"op": OP, "requests": [REQUEST, ...]}`` and gets one output line
-``{"completions": [...], "wall_s": ...}`` (or ``{"error": "..."}``). A REQUEST is
+``{"completions": [...], "wall_s": ...}`` (or ``{"error": "..."}``, with ``prompt_tokens``
+and ``limit`` when the prompt did not fit the model's context). A REQUEST is
 ``Request.to_json()``'s form.
 OP says how the batch reaches vLLM:
 
@@ -46,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vllm_smoke import summary  # noqa: E402
 
 from agents.llm import make_backend  # noqa: E402
-from agents.llm.base import Completion, Request  # noqa: E402
+from agents.llm.base import Completion, ContextLimitError, Request  # noqa: E402
 
 
 async def _concurrent(backend: Any, requests: list[Request]) -> list[Completion]:
@@ -91,7 +92,10 @@ def main() -> int:
             try:
                 completions = answer(backend, str(message["op"]), requests)
             except Exception as exc:  # reported to the driver, which decides
-                emit({"error": f"{type(exc).__name__}: {exc}"})
+                error: dict[str, Any] = {"error": f"{type(exc).__name__}: {exc}"}
+                if isinstance(exc, ContextLimitError):
+                    error.update(prompt_tokens=exc.prompt_tokens, limit=exc.limit)
+                emit(error)
                 continue
             wall = time.perf_counter() - started
             emit({"completions": [summary(c) for c in completions], "wall_s": wall})

@@ -50,13 +50,17 @@ class BackendProcess:
         message: dict[str, Any] = json.loads(line)
         return message
 
-    def send(self, op: str, requests: list[Request]) -> tuple[list[Completion], float]:
-        """The completions and the wall time of the whole batch, as the other process saw it."""
+    def ask(self, op: str, requests: list[Request]) -> dict[str, Any]:
+        """The other process's answer to one batch, as it is (completions or an error)."""
         assert self.proc.stdin is not None
         payload = [r.to_json() for r in requests]
         self.proc.stdin.write(json.dumps({"op": op, "requests": payload}) + "\n")
         self.proc.stdin.flush()
-        answer = self._read(900)
+        return self._read(900)
+
+    def send(self, op: str, requests: list[Request]) -> tuple[list[Completion], float]:
+        """The completions and the wall time of the whole batch, as the other process saw it."""
+        answer = self.ask(op, requests)
         assert "error" not in answer, answer["error"]
         return [Completion(**c) for c in answer["completions"]], float(answer["wall_s"])
 

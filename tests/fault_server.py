@@ -21,7 +21,9 @@ whatever order concurrent requests arrive in. Kinds:
 ``trickle`` and ``endless`` are never picked by default (they hold a request until the client
 gives up): name them in ``kinds``.
 
-A request with a wrong key (see ``api_key``) is recorded as fault ``401``.
+A request with a wrong key (see ``api_key``) is recorded as fault ``401``. With
+``context_words``, a prompt of more words than that gets OpenAI's ``400``
+``context_length_exceeded`` error (fault ``context``), its word count in the message.
 
 Usage::
 
@@ -97,6 +99,7 @@ class FaultPlan:
     # seconds a good answer waits, from the prompt text (e.g. a seeded lognormal draw)
     delay: Callable[[str], float] | None = None
     trickle_s: float = 0.1  # seconds between the bytes (trickle) or chunks (endless) of a body
+    context_words: int | None = None  # the model's context, in words (word_count)
 
     def __post_init__(self) -> None:
         unknown = set(self.kinds) - set(ALL_FAULT_KINDS)
@@ -196,6 +199,18 @@ class _Handler(BaseHTTPRequestHandler):
         text = prompt_text_of(body)
         self._text = text
         key = hashlib.sha256(f"{route}|{text}".encode()).hexdigest()[:16]
+        limit = state.plan.context_words
+        if limit is not None and word_count(text) > limit:
+            self._pick_fault(key, arrived, forced="context")
+            message = (
+                f"This model's maximum context length is {limit} tokens. However, your messages "
+                f"resulted in {word_count(text)} tokens. Please reduce the length of the messages."
+            )
+            error = {"message": message, "type": "invalid_request_error"}
+            self._send(
+                400, {"error": {**error, "param": "messages", "code": "context_length_exceeded"}}
+            )
+            return
         event = self._pick_fault(key, arrived)
         if event.fault is None:
             wait = state.plan.latency_s + (state.plan.delay(text) if state.plan.delay else 0.0)

@@ -11,8 +11,11 @@ import dataclasses
 import json
 import logging
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,10 +25,13 @@ import pytest
 
 from agents.llm.base import (
     ActionConstraint,
+    BackendError,
     Completion,
+    ContextLimitError,
     GenerationConfig,
     Message,
     MissingDependencyError,
+    ModelRestarted,
     Request,
     SpecError,
 )
@@ -39,6 +45,7 @@ from agents.prompting import actor_prefix, example_texts
 from experiments.store import RunStore
 from tests.backend_process import BackendProcess, converted_checkpoint
 from tests.grounded_episodes import NASTY, assert_grounded, play
+from tests.test_runner import steps_written
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -505,6 +512,64 @@ def test_the_engine_record_says_which_sampling_defaults_hold(
     assert other["batch_invariant"] is None
 
 
+class EngineDeadError(Exception):
+    """Named as vLLM names the error of an engine whose core process died."""
+
+
+def test_a_dead_engine_is_rebuilt_once_per_death_up_to_the_cap(fake_vllm: types.ModuleType) -> None:
+    """The requests a dead engine held fail with ModelRestarted and one new engine is built,
+    however many of them there were; past ``max_rebuilds`` they are infrastructure errors."""
+
+    async def dies(self: Any, prompt: Any, params: Any, request_id: str) -> Any:
+        raise EngineDeadError("EngineCore encountered an issue")
+        yield  # an async generator, like the engine's own
+
+    backend = VLLMBackend("m", max_rebuilds=1)
+    _FakeAsyncEngine.expected = 3
+    requests = [Request(config=GenerationConfig(), prompt=f"p{i}") for i in range(3)]
+
+    async def together() -> list[Any]:
+        return list(
+            await asyncio.gather(*(backend.agenerate(r) for r in requests), return_exceptions=True)
+        )
+
+    try:
+        assert all(isinstance(c, Completion) for c in asyncio.run(together()))
+        first = _FakeAsyncEngine.instances[0]
+        first.generate = types.MethodType(dies, first)  # type: ignore[method-assign]
+        failed = asyncio.run(together())
+        assert all(isinstance(e, ModelRestarted) for e in failed)
+        assert backend.rebuilds == 1 and first.closed and len(_FakeAsyncEngine.instances) == 1
+        assert all(isinstance(c, Completion) for c in asyncio.run(together()))  # a new engine
+        second = _FakeAsyncEngine.instances[1]
+        second.generate = types.MethodType(dies, second)  # type: ignore[method-assign]
+        last = asyncio.run(together())
+        assert all(type(e) is BackendError and "max_rebuilds=1" in str(e) for e in last)
+        assert len(_FakeAsyncEngine.instances) == 2 and second.closed
+    finally:
+        backend.close()
+
+
+def test_a_prompt_over_max_model_len_is_a_context_limit(fake_vllm: types.ModuleType) -> None:
+    async def too_long(self: Any, prompt: Any, params: Any, request_id: str) -> Any:
+        raise ValueError(
+            "The decoder prompt (length 5000) is longer than the maximum model length of 4096."
+        )
+        yield
+
+    backend = VLLMBackend("m")
+    try:
+        backend.load_async()
+        engine = _FakeAsyncEngine.instances[0]
+        engine.generate = types.MethodType(too_long, engine)  # type: ignore[method-assign]
+        with pytest.raises(ContextLimitError) as caught:
+            asyncio.run(backend.agenerate(Request(config=GenerationConfig(), prompt="p")))
+        assert (caught.value.prompt_tokens, caught.value.limit) == (5000, 4096)
+        assert backend.rebuilds == 0 and not engine.closed  # the engine is fine
+    finally:
+        backend.close()
+
+
 # ---------------------------------------------------------------------------------------------
 # The real engine on CPU
 
@@ -781,3 +846,239 @@ def test_real_vllm_served_run_survives_a_killed_runner_and_acts_as_in_process(
     assert served == local
     print(f"served == in-process: {sum(len(s) for s in served.values())} steps, "
           f"{calls} served calls, {cached} cached prompt tokens")  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# Model-side faults on the real CPU build: a killed engine core, two engines of one run
+
+
+def _engine_cores(root: int) -> list[int]:
+    """The pids of vLLM engine-core processes under ``root`` (vLLM names them
+    ``VLLM::EngineCore``), oldest first."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        for pid in children.get(todo.pop(), []):
+            todo.append(pid)
+            try:
+                command = (Path("/proc") / str(pid) / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"EngineCore" in command:
+                found.append(pid)
+    return sorted(found)
+
+
+@pytest.mark.slow
+def test_real_vllm_engine_killed_mid_run_is_rebuilt_and_every_episode_completes(
+    vllm_checkpoint: str, generated_games: Path, tmp_path: Path
+) -> None:
+    """An overnight run with two in-process engines on one device (the actor and the reflect
+    model, each with its own small cache and device share through --role-option): the actor's
+    engine-core process is SIGKILLed mid-episode. The backend shuts the dead engine down and
+    builds it again once, the episodes it held are played again from the start, and every
+    episode of the run completes; the reflections come from the second engine."""
+    from experiments.report import summarize
+    from experiments.store import open_reader
+    from tests.backend_process import offline_env
+
+    run_dir = tmp_path / "run"
+    shared = {k: v for k, v in ENGINE.items() if k != "kv_cache_memory_bytes"}
+    argv = [
+        str(VLLM_PYTHON), "-m", "experiments.cli", "run", "--model", f"vllm:{vllm_checkpoint}",
+        "--reflect-model", f"vllm:{vllm_checkpoint}", "--data", str(generated_games),
+        "--split", "eval_out_of_distribution", "--games", "2", "--trials", "2",
+        "--max-steps", "5", "--concurrency", "2", "--run-dir", str(run_dir),
+        *[a for k, v in shared.items() for a in ("--backend-option", f"{k}={v}")],
+        "--role-option", f"actor.kv_cache_memory_bytes={256 << 20}",
+        "--role-option", "actor.gpu_memory_utilization=0.5",
+        "--role-option", f"reflect.kv_cache_memory_bytes={160 << 20}",
+        "--role-option", "reflect.gpu_memory_utilization=0.4",
+    ]  # fmt: skip
+    log = (tmp_path / "run.out").open("w")
+    proc = subprocess.Popen(argv, cwd=REPO, env=offline_env(), stdout=log, stderr=log)
+    killed: list[int] = []
+    try:
+        for _ in range(4500):  # 15 minutes of 0.2 s looks: a bound, not a timing
+            cores = _engine_cores(proc.pid)
+            if proc.poll() is not None or (cores and steps_written(run_dir) >= 1):
+                break
+            time.sleep(0.2)
+        if proc.poll() is None and cores:
+            os.kill(cores[0], signal.SIGKILL)  # the actor's: the reflect engine starts later
+            killed.append(cores[0])
+        code = proc.wait(timeout=1200)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+    output = (tmp_path / "run.out").read_text()
+    assert killed, output[-3000:]
+    assert code == 0, output[-3000:]
+    reader = open_reader(run_dir)
+    try:
+        episodes = reader.episodes()
+        restarts = reader.events("engine_restart")
+        errors = reader.episode_errors()
+        reflections = reader.reflections()
+        summary = summarize(reader)
+    finally:
+        reader.close()
+    run_log = (run_dir / "run.log").read_text()
+    rebuilds = run_log.count("rebuilt at the next request")
+    replayed = [e for e in episodes if e.attempts > 1]
+    print(
+        f"\nkilled engine core {killed}; {len(episodes)} episodes, all done: "
+        f"{all(e.status == 'done' for e in episodes)}; rebuilds {rebuilds}; episodes played "
+        f"again {len(replayed)}; reflections {len(reflections)}"
+    )
+    assert episodes and all(e.status == "done" for e in episodes)  # none left to --resume
+    assert summary["status"]["complete"] and summary["errors"] == 0
+    assert rebuilds == 1  # one rebuild for the one death, however many requests it held
+    assert (
+        restarts
+        and replayed
+        and {e.episode_id for e in replayed} == {r["episode_id"] for r in restarts}
+    )
+    assert all(e.kind == "engine_restart" and "EngineCore" in e.traceback for e in errors)
+    assert reflections  # the second in-process engine answered the reflect calls
+    assert run_log.count("vllm async engine ready") == 3  # actor, its rebuild, reflect
+
+
+def _context_limited(
+    episodes: list[Any], summary: dict[str, Any], limit: int
+) -> list[tuple[int, int]]:
+    """Every episode ended, once, at the model's context ``limit`` (done, class
+    ``context_limit``; the report counts them): the (prompt tokens, limit) of each verdict."""
+    assert episodes and all(e.status == "done" and e.attempts == 1 for e in episodes)
+    assert all(e.failure_class == "context_limit" for e in episodes)
+    assert summary["failure_classes"]["context_limit"] == len(episodes)
+    assert summary["errors"] == 0
+    counts: list[tuple[int, int]] = []
+    for e in episodes:
+        numbers = [int(n) for n in re.findall(r"\d+", e.verdict or "")]
+        assert len(numbers) == 2 and numbers[0] > 0 and numbers[1] == limit, e.verdict
+        counts.append((numbers[0], numbers[1]))
+    return counts
+
+
+class _StdioModel:
+    """The vLLM engine of the backend_stdio process (in-process there, ``agenerate`` on its async
+    engine) as a run's model: its context-limit errors come back as they were raised."""
+
+    name = "vllm-stdio"
+
+    def __init__(self, server: BackendProcess) -> None:
+        self.server = server
+
+    def generate(self, requests: list[Request]) -> list[Completion]:
+        answer = self.server.ask("concurrent", requests)
+        if "prompt_tokens" in answer:
+            raise ContextLimitError(
+                answer["error"], prompt_tokens=answer["prompt_tokens"], limit=answer["limit"]
+            )
+        if "error" in answer:
+            raise BackendError(answer["error"])
+        return [Completion(**c) for c in answer["completions"]]
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.slow
+def test_real_vllm_prompt_over_max_model_len_ends_episodes_as_context_limit(
+    vllm_stdio: BackendProcess, generated_games: Path, tmp_path: Path
+) -> None:
+    """The in-process engine (max_model_len 4096) gets actor prompts of about 5000 tokens (a long
+    instruction): vLLM refuses them, the backend raises ContextLimitError with vLLM's token
+    count, and each episode ends with the class ``context_limit`` (done, not an error); played
+    again over the same store (a resume), none is asked again; the report counts them."""
+    from agents.react import ReActAgent
+    from agents.reflexion import ReflexionSettings
+    from envs.aio import AsyncEnvPool
+    from envs.pool import EnvPool, EnvSpec
+    from experiments.config import RunConfig
+    from experiments.engine import Engine, ModelClient
+    from experiments.report import summarize
+    from experiments.runner import actor_settings, select_games
+    from experiments.trials import TrialLoop, TrialPlan
+
+    cfg = RunConfig.of(
+        model="scripted:expert", data=str(generated_games), split="eval_out_of_distribution",
+        games=2, trials=1, max_steps=3,
+    )  # fmt: skip
+    games = select_games(cfg)
+    store = RunStore(tmp_path / "run", create=True)
+    store.set_meta("manifest", {"games": {t.game: t.task_type for t in games.tasks}})
+    pool = EnvPool(EnvSpec(games.env_kind, games.env_kwargs), workers=1, timeout_s=120)
+    words = "Interact with the household and finish the task it names in few steps. " * 400
+    plan = TrialPlan(trials=1, reflexion=ReflexionSettings(3, "x", instruction=words))
+
+    async def play() -> str | None:
+        engine = Engine(store, ModelClient(_StdioModel(vllm_stdio)), AsyncEnvPool(pool), arm="x")
+        agent = ReActAgent(actor_settings(cfg))
+        return await TrialLoop(store, engine, agent, plan).run(games.tasks)
+
+    try:
+        assert asyncio.run(play()) is None
+        calls = len(store.model_calls())
+        assert asyncio.run(play()) is None  # a resume: the episodes are done
+        assert len(store.model_calls()) == calls
+    finally:
+        pool.close()
+    episodes = store.episodes()
+    summary = summarize(store)
+    store.close()
+    counts = _context_limited(episodes, summary, 4096)
+    print(f"\nin-process vLLM, max_model_len 4096: (prompt tokens, limit) {counts}")
+    assert all(tokens > limit for tokens, limit in counts)
+
+
+@pytest.mark.slow
+def test_real_vllm_serve_prompt_over_max_model_len_is_context_limit(
+    vllm_checkpoint: str, generated_games: Path, tmp_path: Path
+) -> None:
+    """``vllm serve`` at max_model_len 512 answers 400 for every ALFWorld prompt: each episode
+    ends with the class ``context_limit`` and the token count the server gave; a --resume against
+    the same server asks nothing again; the report counts them. One server for both runs."""
+    from experiments.config import RunConfig
+    from experiments.report import summarize
+    from experiments.runner import run
+    from experiments.serve import ModelServer, free_port, serve_settings, served_config
+    from experiments.store import open_reader
+
+    command = (
+        f"{VLLM_PYTHON} -m vllm.entrypoints.openai.api_server --model {{model}} --host {{host}} "
+        f"--port {{port}} --dtype float32 --enforce-eager --max-model-len 512 "
+        f"--kv-cache-memory-bytes {64 << 20}"
+    )
+    cfg = RunConfig.of(
+        model=f"vllm:{vllm_checkpoint}", serve=True, serve_command=command,
+        serve_port=free_port(), serve_timeout_s=900, data=str(generated_games),
+        split="eval_out_of_distribution", games=2, trials=1, max_steps=3,
+        run_dir=str(tmp_path / "run"),
+    )  # fmt: skip
+    with ModelServer(serve_settings(cfg, tmp_path / "server.log")):
+        served = served_config(cfg, cfg.server.serve_port).replace(serve=False)
+        run_dir = run(served)
+        reader = open_reader(run_dir)
+        calls = len(reader.model_calls())
+        reader.close()
+        run(served, resume=str(run_dir))
+    reader = open_reader(run_dir)
+    try:
+        episodes = reader.episodes()
+        summary = summarize(reader)
+        assert len(reader.model_calls()) == calls  # the resume asked nothing again
+    finally:
+        reader.close()
+    counts = _context_limited(episodes, summary, 512)
+    print(f"\nvllm serve, max_model_len 512: (prompt tokens, limit) {counts}")

@@ -194,6 +194,34 @@ class BackendError(RuntimeError):
         self.retries = retries
 
 
+class ContextLimitError(BackendError):
+    """The prompt does not fit the model's context (llama.cpp ``n_ctx``, vLLM ``max_model_len``,
+    an API's ``context_length_exceeded``): the episode's own failure (its prompt grew too long),
+    recorded with the prompt's token count, never an infrastructure error and never retried.
+    ``prompt_tokens``/``limit``: as the backend or server said (None where it did not);
+    ``exact``: False where the count is a lower bound (a server that stops counting past its
+    limit says "at least N")."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        prompt_tokens: int | None = None,
+        limit: int | None = None,
+        exact: bool = True,
+    ) -> None:
+        super().__init__(message)
+        self.prompt_tokens = prompt_tokens
+        self.limit = limit
+        self.exact = exact
+
+
+class ModelRestarted(BackendError):
+    """The model's engine died (out of memory, a device fault) and was rebuilt: the requests it
+    held were lost. The engine plays the episodes that were waiting on them again from the
+    start, as fresh attempts."""
+
+
 class MissingDependencyError(ImportError):
     """An optional dependency of a backend is not installed; the message names the extra."""
 

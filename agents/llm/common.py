@@ -24,6 +24,7 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from agents.llm.base import (
     OVERSIZED,
+    ContextLimitError,
     GenerationConfig,
     Message,
     MissingDependencyError,
@@ -274,3 +275,41 @@ def check_grounding(backend: Any) -> str:
         return mechanism
     reason = getattr(backend, "grounding_missing", None) or "it has no constrained decoding"
     raise grounding_error(str(getattr(backend, "name", type(backend).__name__)), str(reason))
+
+
+# How servers and engines say that a prompt does not fit the context: OpenAI's error code, and
+# the wording of vLLM (engine and server), OpenAI and Anthropic. Each limit pattern's group is the
+# context size; each prompt pattern's, the prompt's token count.
+CONTEXT_LIMIT_CODE = "context_length_exceeded"
+_LIMIT_WORDS = (
+    re.compile(r"maximum (?:context|model) length (?:is|of) (\d+)"),
+    re.compile(r"(?:does not fit|exceeds?) n_ctx[= ](\d+)"),
+    re.compile(r"tokens > (\d+) maximum"),  # Anthropic: "prompt is too long: N tokens > M maximum"
+)
+_PROMPT_WORDS = re.compile(
+    r"(?:prompt \(length|prompt contains|resulted in|you requested|prompt of|your request has"
+    r"|too long:) (at least )?(\d+)"
+)
+
+
+def context_limit_error(
+    message: str, code: str | None = None, who: str = "model"
+) -> ContextLimitError | None:
+    """The :class:`ContextLimitError` that an error ``message`` (and an API's error ``code``)
+    describes, with the prompt's token count and the limit where the text names them; None when
+    the error is about something else."""
+    limit = next((m for m in (p.search(message) for p in _LIMIT_WORDS) if m), None)
+    if limit is None and code != CONTEXT_LIMIT_CODE:
+        return None
+    prompt = _PROMPT_WORDS.search(message)
+    tokens = int(prompt.group(2)) if prompt else None
+    bound = "at least " if prompt and prompt.group(1) else ""
+    size = int(limit.group(1)) if limit else None
+    first = (message.strip().splitlines() or [""])[0][:300]
+    return ContextLimitError(
+        f"{who}: the prompt ({bound}{tokens if tokens is not None else '?'} tokens) does not fit "
+        f"the context ({size if size is not None else '?'} tokens): {first}",
+        prompt_tokens=tokens,
+        limit=size,
+        exact=not bound,
+    )

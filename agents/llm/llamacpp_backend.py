@@ -51,8 +51,8 @@ from typing import Any
 
 from agents.llm.base import (
     ActionConstraint,
-    BackendError,
     Completion,
+    ContextLimitError,
     MissingDependencyError,
     Request,
     SpecError,
@@ -388,9 +388,11 @@ class LlamaCppBackend:
     ) -> Completion:
         c = request.config
         if len(tokens) + 1 >= self.n_ctx:
-            raise BackendError(
+            raise ContextLimitError(
                 f"{self.name}: prompt of {len(tokens)} tokens does not fit n_ctx={self.n_ctx}; "
-                "pass a larger n_ctx"
+                "pass a larger n_ctx",
+                prompt_tokens=len(tokens),
+                limit=self.n_ctx,
             )
         self._clock += 1
         slot.last_used = self._clock

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from agents.llm.base import BackendError
+from agents.llm.common import context_limit_error
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -218,6 +219,10 @@ def call_with_retries(
         raise
     except Exception as exc:
         msg = f"{label}: {type(exc).__name__}: {scrub(str(exc))}"
+        limit = context_limit_error(msg, getattr(exc, "code", None), label)
+        if limit is not None:  # the prompt's own fault: the episode's failure, not the service's
+            log.warning("%s", limit)
+            raise limit from None
         log.error(msg)
         raise BackendError(msg, retries=max(attempts - 1, 0)) from None
 

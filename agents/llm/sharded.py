@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from agents.llm.base import BackendError, Completion, Request, SpecError
+from agents.llm.base import BackendError, Completion, ContextLimitError, Request, SpecError
 from agents.llm.common import routing_key, safe_url
 from agents.llm.retry import concurrent_map
 
@@ -185,7 +185,7 @@ class ShardedBackend:
         for i in order:
             try:
                 completion = self._send(i, request)
-            except _RequestError as exc:
+            except (_RequestError, ContextLimitError) as exc:  # the request's own: no failover
                 exc.retries += failures
                 raise
             except BackendError as exc:
@@ -212,6 +212,8 @@ class ShardedBackend:
         """One request to server ``i``; BackendError only when the server does not answer."""
         try:
             return self.servers[i].generate([request])[0]
+        except ContextLimitError:
+            raise
         except BackendError:
             if self._closing.is_set() or not self._answers(i):
                 raise

@@ -48,6 +48,13 @@ is the fraction of *host* memory to reserve; on a shared machine pass ``kv_cache
 (an engine keyword) instead. Greedy decoding is repeatable for a given cache state; in bfloat16 on
 CPU a prompt served partly from the prefix cache can still flip a near-tie against the same prompt
 computed cold, so pass ``dtype="float32"`` where bit-for-bit repeats matter.
+
+Faults: a prompt longer than ``max_model_len`` is a :class:`~agents.llm.base.ContextLimitError`
+(the episode's own failure). An engine whose core process died (out of memory, a device fault,
+a collective timeout: vLLM's ``EngineDeadError``) is shut down and built again on the next
+request, once per death and at most ``max_rebuilds`` times (default 3); the requests it held
+fail with :class:`~agents.llm.base.ModelRestarted`, so their episodes are played again. Past
+the cap, every request fails with a plain :class:`BackendError` (an infrastructure error).
 """
 
 from __future__ import annotations
@@ -74,14 +81,17 @@ from agents.llm.base import (
     ActionConstraint,
     BackendError,
     Completion,
+    ContextLimitError,
     GenerationConfig,
     MissingDependencyError,
+    ModelRestarted,
     Request,
     SpecError,
 )
 from agents.llm.common import (
     CONTINUE_INSTRUCTION,
     check_chat_format,
+    context_limit_error,
     grounding_error,
     request_messages,
 )
@@ -115,6 +125,12 @@ SERVE_COMMAND = (
     "vllm serve {model} --host {host} --port {port} "
     "--generation-config vllm --enable-prompt-tokens-details"
 )
+
+#: The share of the device's memory an engine takes when no ``gpu_memory_utilization`` is given.
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+
+#: The names vLLM gives the error of an engine whose core process died (v1; v0's async engine).
+_DEAD_ENGINE_ERRORS = frozenset({"EngineDeadError", "AsyncEngineDeadError"})
 
 _BOOL_WORDS = {"1": True, "true": True, "yes": True, "on": True}
 _BOOL_WORDS.update({"0": False, "false": False, "no": False, "off": False})
@@ -201,7 +217,7 @@ def engine_kwargs(
     model: str,
     *,
     tensor_parallel_size: int | str = 1,
-    gpu_memory_utilization: float | str = 0.9,
+    gpu_memory_utilization: float | str = DEFAULT_GPU_MEMORY_UTILIZATION,
     max_model_len: int | str | None = None,
     enforce_eager: bool | str = False,
     enable_prefix_caching: bool | str = True,
@@ -375,11 +391,14 @@ class VLLMBackend:
         *,
         chat_format: str = "raw",
         chat_instruction: str = CONTINUE_INSTRUCTION,
+        max_rebuilds: int | str = 3,
         **engine_options: Any,
     ) -> None:
-        """``engine_options``: the keywords of :func:`engine_kwargs` (validated there)."""
+        """``engine_options``: the keywords of :func:`engine_kwargs` (validated there);
+        ``max_rebuilds``: how many times a dead engine is built again (see the module docstring)."""
         self.chat_format = check_chat_format(chat_format, allow_raw=True, backend="vllm")
         self.chat_instruction = chat_instruction
+        self.max_rebuilds = _as_int("max_rebuilds", max_rebuilds, 0)
         self._engine_kwargs = engine_kwargs(model, **engine_options)
         self.model = model
         self.name = f"vllm:{model}"
@@ -395,6 +414,8 @@ class VLLMBackend:
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._start_error: BackendError | None = None  # a failed start is not retried per call
+        self._generation = 0  # the async engine's number: one rebuild per dead engine
+        self.rebuilds = 0
         self._ids = itertools.count()
         self.load_s: float | None = None
         self.calls = 0
@@ -405,6 +426,8 @@ class VLLMBackend:
         """Build the batch engine now (it is otherwise built by the first :meth:`generate`)."""
         if self._llm is not None or self._engine is not None:
             return
+        if self._start_error is not None:  # a dead engine past max_rebuilds
+            raise self._start_error
         started = time.perf_counter()
         try:
             self._llm = self._vllm.LLM(**self._engine_kwargs)
@@ -425,20 +448,20 @@ class VLLMBackend:
                 logger.info("vllm: the async engine replaces the batch engine of %s", self.model)
                 self._close_llm()
             options = self._async_engine_options()
-            loop = asyncio.new_event_loop()
-            thread = threading.Thread(target=loop.run_forever, name="vllm-async", daemon=True)
-            thread.start()
+            if self._loop is None:  # one loop for the backend's life: a rebuilt engine reuses it
+                self._loop = asyncio.new_event_loop()
+                self._thread = threading.Thread(
+                    target=self._loop.run_forever, name="vllm-async", daemon=True
+                )
+                self._thread.start()
             started = time.perf_counter()
             try:
-                future = asyncio.run_coroutine_threadsafe(self._build_engine(options), loop)
+                future = asyncio.run_coroutine_threadsafe(self._build_engine(options), self._loop)
                 self._engine, self._tokenizer = future.result()
             except Exception as exc:
-                loop.call_soon_threadsafe(loop.stop)
-                thread.join()
-                loop.close()
+                self._stop_loop()
                 self._start_error = self._load_error(exc)
                 raise self._start_error from exc
-            self._loop, self._thread = loop, thread
             self.load_s = time.perf_counter() - started
             logger.info("vllm async engine ready: %s in %.1fs", self.model, self.load_s)
 
@@ -543,7 +566,11 @@ class VLLMBackend:
         try:
             outputs = self._llm.generate(prompts, params, use_tqdm=False)
         except Exception as exc:
-            raise BackendError(f"vllm generate failed: {_first_line(exc)}") from exc
+            error = self._request_error(exc, None)
+            if isinstance(error, _EngineDied):  # the batch engine is built again by load()
+                self._close_llm()
+                error = self._engine_died(self._generation, exc)
+            raise error from exc
         latency = time.perf_counter() - started
         self.calls += 1
         if len(outputs) != len(requests):
@@ -562,22 +589,88 @@ class VLLMBackend:
         assert self._loop is not None
         self._log_batch(requests)
 
-        async def run_all() -> list[Completion]:
-            return list(await asyncio.gather(*(self._on_engine(r) for r in requests)))
+        engine = self._engine
 
-        completions = asyncio.run_coroutine_threadsafe(run_all(), self._loop).result()
+        async def run_all() -> list[Completion]:
+            return list(await asyncio.gather(*(self._on_engine(r, engine) for r in requests)))
+
+        generation = self._generation
+        try:
+            completions = asyncio.run_coroutine_threadsafe(run_all(), self._loop).result()
+        except _EngineDied as exc:
+            raise self._engine_died(generation, exc) from exc
         self.calls += 1
         return completions
 
     async def agenerate(self, request: Request) -> Completion:
         """Answer one request on the async engine; concurrent calls are batched by vLLM."""
-        if self._engine is None:
+        engine, generation = self._engine, self._generation
+        while engine is None:
             await asyncio.to_thread(self.load_async)  # the caller's loop keeps running meanwhile
+            engine, generation = self._engine, self._generation
         assert self._loop is not None
-        future = asyncio.run_coroutine_threadsafe(self._on_engine(request), self._loop)
-        return await asyncio.wrap_future(future)
+        future = asyncio.run_coroutine_threadsafe(self._on_engine(request, engine), self._loop)
+        try:
+            return await asyncio.wrap_future(future)
+        except _EngineDied as exc:
+            raise await asyncio.to_thread(self._engine_died, generation, exc) from exc
 
-    async def _on_engine(self, request: Request) -> Completion:
+    def _engine_died(self, generation: int, exc: BaseException) -> BackendError:
+        """Shut down a dead engine once (the first of its requests to fail does it), so that the
+        next request builds a new one; the error each of its requests fails with."""
+        with self._start_lock:
+            if generation == self._generation:
+                self._generation += 1
+                dead, self._engine = self._engine, None
+                if dead is not None:
+                    self._shutdown(dead)
+                if self.rebuilds >= self.max_rebuilds:
+                    self._start_error = BackendError(
+                        f"the vllm engine of {self.model!r} died again ({exc}) after "
+                        f"{self.rebuilds} rebuilds; not rebuilt (max_rebuilds={self.max_rebuilds})"
+                    )
+                else:
+                    self.rebuilds += 1
+                    logger.warning(
+                        "vllm engine of %s died (%s): rebuilt at the next request (%d of %d)",
+                        self.model, exc, self.rebuilds, self.max_rebuilds,
+                    )  # fmt: skip
+            if self._start_error is not None:
+                return self._start_error
+        return ModelRestarted(f"the vllm engine of {self.model!r} died and was rebuilt: {exc}")
+
+    def _request_error(self, exc: BaseException, engine: Any, prompt: Any = None) -> BackendError:
+        """What a failed request raises: a prompt over ``max_model_len`` (with the prompt's own
+        token count: vLLM counts a long prompt only to the limit), a dead engine, or another
+        failure of the request."""
+        limit = context_limit_error(str(exc), None, self.name)
+        if limit is not None:
+            counted = self._prompt_length(prompt)
+            if counted is None or counted == limit.prompt_tokens:
+                return limit
+            return ContextLimitError(
+                f"{self.name}: the prompt ({counted} tokens) does not fit max_model_len="
+                f"{limit.limit}",
+                prompt_tokens=counted,
+                limit=limit.limit,
+            )
+        dead = {t.__name__ for t in type(exc).__mro__} & _DEAD_ENGINE_ERRORS
+        if dead or getattr(engine, "errored", False) is True:
+            return _EngineDied(f"{_first_line(exc)}")
+        return BackendError(f"vllm generate failed: {_first_line(exc)}")
+
+    def _prompt_length(self, prompt: Any) -> int | None:
+        """The prompt's length in the model's tokens (None when it cannot be counted here)."""
+        if isinstance(prompt, Mapping):
+            return len(prompt["prompt_token_ids"])
+        if not isinstance(prompt, str) or self._tokenizer is None:
+            return None
+        try:
+            return len(self._tokenizer.encode(prompt))
+        except Exception:  # a count for the record only: vLLM's own stands then
+            return None
+
+    async def _on_engine(self, request: Request, engine: Any) -> Completion:
         """One request through the async engine; runs on the engine's loop."""
         prompt, sent = self._prompt(request)
         params = self._sampling_params(request)
@@ -585,27 +678,25 @@ class VLLMBackend:
         started = time.perf_counter()
         final: Any = None
         try:
-            engine_input = await self._render(prompt)
-            async for output in self._engine.generate(engine_input, params, request_id):
+            engine_input = await self._render(prompt, engine)
+            async for output in engine.generate(engine_input, params, request_id):
                 final = output
         except Exception as exc:
-            raise BackendError(f"vllm generate failed: {_first_line(exc)}") from exc
+            raise self._request_error(exc, engine, prompt) from exc
         if final is None:
             raise BackendError(f"vllm returned no output for request {request_id}")
         return _completion(final, sent, time.perf_counter() - started)
 
-    async def _render(self, prompt: Any) -> Any:
+    async def _render(self, prompt: Any, engine: Any) -> Any:
         """The prompt rendered as ``LLM.generate`` renders it, where the engine has a renderer."""
-        render = getattr(getattr(self._engine, "renderer", None), "render_cmpl_async", None)
+        render = getattr(getattr(engine, "renderer", None), "render_cmpl_async", None)
         try:
             preprocess = importlib.import_module("vllm.renderers.inputs.preprocess")
         except ImportError:
             return prompt
         if render is None or not hasattr(preprocess, "parse_model_prompt"):
             return prompt
-        (engine_input,) = await render(
-            [preprocess.parse_model_prompt(self._engine.model_config, prompt)]
-        )
+        (engine_input,) = await render([preprocess.parse_model_prompt(engine.model_config, prompt)])
         return engine_input
 
     def describe(self) -> dict[str, Any]:
@@ -641,25 +732,35 @@ class VLLMBackend:
                 logger.warning("vllm shutdown failed: %s", exc)
         del llm
 
-    def _close_engine(self) -> None:
-        engine, loop, thread = self._engine, self._loop, self._thread
-        self._engine = self._loop = self._thread = None
-        self._tokenizer = None
-        if engine is None or loop is None:
-            return
+    def _shutdown(self, engine: Any) -> None:
+        """Shut an async engine down on its loop (its core process too)."""
 
         async def stop() -> None:
             engine.shutdown()
 
+        if self._loop is None:
+            return
         try:
-            asyncio.run_coroutine_threadsafe(stop(), loop).result(timeout=120)
+            asyncio.run_coroutine_threadsafe(stop(), self._loop).result(timeout=120)
         except Exception as exc:  # closing must never mask the run's own outcome
             logger.warning("vllm async engine shutdown failed: %s", exc)
+
+    def _stop_loop(self) -> None:
+        loop, thread = self._loop, self._thread
+        self._loop = self._thread = None
+        if loop is None:
+            return
         loop.call_soon_threadsafe(loop.stop)
         if thread is not None:
             thread.join(timeout=30)
         if not loop.is_running():
             loop.close()
+
+    def _close_engine(self) -> None:
+        engine, self._engine, self._tokenizer = self._engine, None, None
+        if engine is not None:
+            self._shutdown(engine)
+        self._stop_loop()
 
     def close(self) -> None:
         """Shut the engines down (their worker processes too). Safe to call twice."""
@@ -671,6 +772,10 @@ class VLLMBackend:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _EngineDied(BackendError):
+    """A request failed because its engine's core process is gone (see ``_engine_died``)."""
 
 
 def _completion(output: Any, sent: Any, latency: float) -> Completion:

@@ -94,6 +94,10 @@ def episode_detail(reader: RunReader, episode: EpisodeRow, steps: Sequence[Step]
         "error": episode.error,
         "observation": episode.observation,
         "attempts": episode.attempts,
+        "attempt_errors": [
+            {"attempt": e.attempt, "kind": e.kind, "error": e.error, "traceback": e.traceback}
+            for e in reader.episode_errors(episode.episode_id)
+        ],
         "resimulated": episode.resimulated,
         "started_at": episode.started_at,
         "finished_at": episode.finished_at,

@@ -389,6 +389,22 @@
     if (value === null || value === undefined || value === "") return null;
     return [h("dt", { text: label }), h("dd", { text: String(value), testid })];
   }
+  function attemptErrors(errors) {
+    if (!errors || !errors.length) return null;
+    return h(
+      "section",
+      { class: "attempt-errors", testid: "attempt-errors" },
+      h("h3", { text: `Harness errors (${errors.length})` }),
+      ...errors.map((e) =>
+        h(
+          "details",
+          { testid: "attempt-error" },
+          h("summary", { text: `attempt ${e.attempt} · ${e.kind}: ${e.error}` }),
+          h("pre", { class: "traceback", text: e.traceback }),
+        ),
+      ),
+    );
+  }
   function outcomeBadge(detail) {
     const outcome = outcomeOf(detail);
     return h("span", { class: "badge " + outcome, testid: "outcome", text: OUTCOME_TEXT[outcome] });
@@ -526,6 +542,7 @@
           field("attempts", detail.attempts > 1 ? detail.attempts : null),
           field("re-simulated", detail.resimulated || null),
         ),
+        attemptErrors(detail.attempt_errors),
         memoryList(detail.memory, "Reflections in this episode's prompt", "memory"),
         detail.reflection
           ? h("section", { class: "memory", testid: "reflection-after" }, h("h3", { text: "Reflection written after this trial" }), h("div", { class: "model-text", text: detail.reflection.text }))
