@@ -14,10 +14,11 @@ import pytest
 from agents.llm import make_backend
 from agents.llm.base import Completion, ContextLimitError, ModelRestarted, Request
 from agents.llm.common import context_limit_error
+from experiments.arming import check_device_share, own_models
 from experiments.config import RunConfig
 from experiments.engine import context_verdict
 from experiments.report import markdown_report, summarize
-from experiments.runner import _own_models, check_device_share, run
+from experiments.runner import run
 from experiments.store import RunStore, open_reader
 from experiments.viewer.data import episode_detail
 from tests.fault_server import FaultPlan, FaultServer
@@ -229,8 +230,9 @@ def test_episodes_in_flight_when_the_engine_died_are_played_again(
     from agents.reflexion import ReflexionSettings
     from envs.aio import AsyncEnvPool
     from envs.pool import EnvPool, EnvSpec
+    from experiments.arming import actor_settings
     from experiments.engine import Engine, ModelClient
-    from experiments.runner import actor_settings, select_games
+    from experiments.runner import select_games
     from experiments.trials import TrialLoop, TrialPlan
 
     cfg = RunConfig.of(model="scripted:expert", data=str(generated_games), split=SPLIT, games=2)
@@ -264,9 +266,9 @@ def test_episodes_in_flight_when_the_engine_died_are_played_again(
 # -- several in-process models on one device --------------------------------------------------------
 def test_role_options_give_a_role_its_own_backend() -> None:
     same = RunConfig.of(model="vllm:m", reflect_model="vllm:m")
-    assert set(_own_models(same)) == {"actor"}  # one engine serves both roles
+    assert set(own_models(same)) == {"actor"}  # one engine serves both roles
     own = same.replace(role_options={"reflect.gpu_memory_utilization": 0.3})
-    assert set(_own_models(own)) == {"actor", "reflect"}
+    assert set(own_models(own)) == {"actor", "reflect"}
     check_device_share(own.replace(role_options={**own.models.role_options, "actor.gpu_memory_utilization": 0.6}))  # fmt: skip
 
 

@@ -207,14 +207,14 @@ def test_serve_data_parallel_sends_each_game_to_one_engine(tmp_path):
     episodes, in every trial, and its reflections), recorded here by a real local HTTP server."""
     from agents.llm import make_backend
     from agents.llm.base import CallSite, GenerationConfig, Message, Request
-    from experiments.runner import _backend_options
+    from experiments.arming import backend_options
     from tests.fault_server import FaultServer
 
     with FaultServer() as server:
         cfg = served_config(
             RunConfig.of(model="vllm:fault-model", serve=True, serve_data_parallel=4), server.port
         )
-        backend = make_backend(cfg.models.model, **_backend_options(cfg))
+        backend = make_backend(cfg.models.model, **backend_options(cfg))
         try:
             assert backend.describe()["data_parallel_size"] == 4
             games = [f"game-{g}" for g in range(8)]

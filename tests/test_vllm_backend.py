@@ -1005,10 +1005,11 @@ def test_real_vllm_prompt_over_max_model_len_ends_episodes_as_context_limit(
     from agents.reflexion import ReflexionSettings
     from envs.aio import AsyncEnvPool
     from envs.pool import EnvPool, EnvSpec
+    from experiments.arming import actor_settings
     from experiments.config import RunConfig
     from experiments.engine import Engine, ModelClient
     from experiments.report import summarize
-    from experiments.runner import actor_settings, select_games
+    from experiments.runner import select_games
     from experiments.trials import TrialLoop, TrialPlan
 
     cfg = RunConfig.of(
