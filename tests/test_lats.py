@@ -20,7 +20,7 @@ from agents.oracle import oracle_distance
 from agents.values import Candidate, NodeView, make_value, parse_rating
 from experiments.config import RunConfig
 from experiments.report import summarize
-from experiments.runner import run
+from experiments.session import run
 from experiments.store import RunStore
 from memory.records import SearchTree, Step, StepKind
 
@@ -166,7 +166,8 @@ def play_lats(
     from envs.aio import AsyncEnvPool
     from envs.pool import EnvSpec, SyncEnvPool
     from experiments.engine import Engine, ModelClient
-    from experiments.runner import build_agent, select_games, trial_plan_of
+    from experiments.games import select_games
+    from experiments.runner import build_agent, trial_plan_of
 
     cfg = config(data, tmp, "run", model="scripted:expert", games=1, **kw)
     games = select_games(cfg)

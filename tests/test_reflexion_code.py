@@ -26,7 +26,8 @@ from agents.react import ActorSettings, ReActAgent
 from agents.reflexion import ReflexionSettings, prompt_prefix, reflect
 from experiments.config import RunConfig
 from experiments.errors import ConfigError
-from experiments.runner import code_prompts, prompt_file_hashes, run
+from experiments.runner import code_prompts, prompt_file_hashes
+from experiments.session import run
 from experiments.store import RunStore
 from memory.records import Reflection, Step
 from tests.gameruns import game_run

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from experiments.config import RunConfig
-from experiments.runner import run
+from experiments.session import run
 from experiments.store import RunStore
 from tests.fault_server import FaultPlan, FaultServer
 
@@ -196,7 +196,8 @@ def test_worker_killed_mid_episode_is_resimulated(generated_games, tmp_path):
     from envs.aio import AsyncEnvPool
     from envs.pool import EnvPool, EnvSpec
     from experiments.engine import Engine, ModelClient
-    from experiments.runner import actor_settings, select_games
+    from experiments.games import select_games
+    from experiments.runner import actor_settings
     from experiments.trials import TrialLoop, TrialPlan
 
     cfg = RunConfig.of(

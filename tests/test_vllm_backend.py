@@ -432,7 +432,7 @@ def test_the_runner_hands_every_request_to_the_async_engine(
     engine's async path is checked below (one event loop, concurrent requests) and the real
     runner against real vLLM through ``--serve``."""
     from experiments.config import RunConfig
-    from experiments.runner import run
+    from experiments.session import run
 
     run_dir = tmp_path / "run"
     cfg = RunConfig.of(
