@@ -45,7 +45,7 @@ import re
 import shlex
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
@@ -545,6 +545,7 @@ def _run_matrix(
     _write_state(root, state)
     from experiments.serve import stop_server_on_signals
 
+    play = functools.partial(play_job, force=force)
     with stop_server_on_signals():
         if on_ray:
             from experiments.cluster import run_jobs
@@ -563,10 +564,10 @@ def _run_matrix(
                 results,
                 lambda: _write_state(root, state),
                 lambda cfg: parse_deadline(cfg.budget.deadline, start),
-                functools.partial(play_job, force=force),
+                play,
             )
         else:
-            _run_jobs(preset, configs, root, state, results, _Servers(root), start, force)
+            _run_jobs(preset, configs, root, state, results, _Servers(root), start, play)
     report = _report(root, preset, results, state)
     return MatrixResult(root, results, report)
 
@@ -633,8 +634,9 @@ def _run_jobs(
     results: dict[str, dict[str, Any]],
     servers: _Servers,
     start: float,
-    force: bool,
+    play: Callable[..., dict[str, Any]],
 ) -> None:
+    """Play the jobs one after another (``play``: :func:`play_job`, its ``force`` given)."""
     try:
         for job, cfg in configs:
             job_dir = run_dir_of(cfg)
@@ -654,7 +656,7 @@ def _run_jobs(
             _write_state(root, state)
             _say(f"matrix {preset.name}: job {job.name} ({cfg.models.model}, {cfg.protocol.agent})")
             try:
-                record.update(play_job(cfg, force=force, servers=servers))
+                record.update(play(cfg, servers=servers))
             except KeyboardInterrupt:
                 record.update(status="interrupted", finished_at=time.time())
                 raise

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from contextlib import ExitStack, closing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from agents import arms
 from agents.arm import ArmContext, SearchLog
@@ -33,8 +33,8 @@ from experiments.engine import Engine, ModelClient, Usage
 from experiments.errors import ConfigError, RunStoreError
 from experiments.games import GameSet
 from experiments.manifest import file_hash as _file_hash
+from experiments.progress import NoProgress, Progress, RunLog
 from experiments.store import RunStore
-from experiments.terminal import EscapingFormatter, QuietFileHandler
 from experiments.trials import Escalation, Safeguards, Task, TrialLoop, TrialPlan
 
 log = logging.getLogger("reflexsim.runner")
@@ -98,67 +98,6 @@ class Budget:
             if cost >= self.cfg.budget_usd:
                 return f"cost budget ${self.cfg.budget_usd} reached (${cost:.4f})"
         return None
-
-
-class Progress(Protocol):
-    """What a run reports as it goes (the CLI draws it; library code only calls it)."""
-
-    def begin(self, summary: dict[str, Any]) -> None: ...
-
-    def start(self, tasks: int, episodes_at_most: int, solved: int) -> None: ...
-
-    def episode_done(self, won: bool, tokens: int) -> None: ...
-
-    def task_done(self, won: bool, episodes_saved: int) -> None: ...
-
-    def close(self) -> None: ...
-
-
-class NoProgress:
-    def begin(self, summary: dict[str, Any]) -> None:
-        pass
-
-    def start(self, tasks: int, episodes_at_most: int, solved: int) -> None:
-        pass
-
-    def episode_done(self, won: bool, tokens: int) -> None:
-        pass
-
-    def task_done(self, won: bool, episodes_saved: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-LOGGERS = ("reflexsim", "agents", "envs")
-
-
-class _RunLog:
-    """INFO and above from the project's loggers into ``<run dir>/run.log`` while a run lasts
-    (batch sizes, retries, crashes: what the morning reader needs); the console is left alone."""
-
-    def __init__(self, run_dir: Path) -> None:
-        self.handler = QuietFileHandler(run_dir / "run.log")
-        self.handler.setFormatter(
-            EscapingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-        )
-        self.handler.setLevel(logging.INFO)
-        self.saved: list[tuple[logging.Logger, int]] = []
-
-    def __enter__(self) -> None:
-        for name in LOGGERS:
-            logger = logging.getLogger(name)
-            self.saved.append((logger, logger.level))
-            if logger.getEffectiveLevel() > logging.INFO:
-                logger.setLevel(logging.INFO)
-            logger.addHandler(self.handler)
-
-    def __exit__(self, *exc: object) -> None:
-        for logger, level in self.saved:
-            logger.removeHandler(self.handler)
-            logger.setLevel(level)
-        self.handler.close()
 
 
 @dataclass(frozen=True)
@@ -233,7 +172,7 @@ async def _execute(plan: Plan, store: RunStore, progress: Progress) -> None:
     _begin(plan, store, progress)
     ending = _Ending(store)
     with ExitStack() as stack:
-        stack.enter_context(_RunLog(plan.run_dir))
+        stack.enter_context(RunLog(plan.run_dir))
         stack.callback(ending.record)  # runs once everything registered after it is closed
         engine, clients = _wire(plan, store, progress, stack)
         task_done = _progress_start(plan, store, progress)

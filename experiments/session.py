@@ -26,10 +26,10 @@ from experiments.errors import RunStoreError
 from experiments.games import GameSet, select_games
 from experiments.lock import DirLock
 from experiments.manifest import build_manifest, manifest_differences, resumed_manifest
+from experiments.progress import Progress
 from experiments.runner import (
     Backends,
     Plan,
-    Progress,
     _instruction,
     check_prompts_file,
     code_prompts,
