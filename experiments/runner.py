@@ -217,8 +217,6 @@ def _wire(
 ) -> tuple[Engine, dict[str, ModelClient]]:
     """The engine, over a model client per backend (by role: actor, reflector, planner,
     escalate) and the env pool; ``stack`` closes each (the backends are the plan's owner's)."""
-    from envs.pool import EnvPool, EnvSpec
-
     cfg, backends = plan.cfg, plan.backends
     in_flight = cfg.execution.concurrency
 
@@ -231,24 +229,10 @@ def _wire(
         "reflector": actor if backends.reflector is backends.actor else client(backends.reflector),
         **{role: client(backend) for role, backend in backends.extras.items()},
     }
-    spec = EnvSpec(plan.games.env_kind, plan.games.env_kwargs)
-    # a spare slot per worker: an episode resets its game there while it waits for its turn
-    slots = min(cfg.execution.concurrency + cfg.execution.workers, max(len(plan.games.tasks), 1))
-    pool: Any
-    if cfg.cluster.env_workers_on_ray:  # the same API; the actors run across the cluster
-        from experiments.ray_session import ray_env_pool
-
-        pool = ray_env_pool(cfg, spec, slots)
-    else:
-        pool = EnvPool(
-            spec, workers=cfg.execution.workers, slots=slots, timeout_s=cfg.execution.step_timeout_s
-        )
-    stack.callback(pool.close)
-    envs = stack.enter_context(closing(AsyncEnvPool(pool)))
     engine = Engine(
         store,
         actor,
-        envs,
+        _env_pool(cfg, plan.games, stack),
         arm=cfg.protocol.agent,
         reflector=clients["reflector"],
         planner=clients.get("planner"),
@@ -259,6 +243,26 @@ def _wire(
         ),
     )
     return engine, clients
+
+
+def _env_pool(cfg: RunConfig, games: GameSet, stack: ExitStack) -> AsyncEnvPool:
+    """The env workers (processes here, or Ray actors across the cluster), closed by ``stack``."""
+    from envs.pool import EnvPool, EnvSpec
+
+    spec = EnvSpec(games.env_kind, games.env_kwargs)
+    # a spare slot per worker: an episode resets its game there while it waits for its turn
+    slots = min(cfg.execution.concurrency + cfg.execution.workers, max(len(games.tasks), 1))
+    pool: Any
+    if cfg.cluster.env_workers_on_ray:  # the same API; the actors run across the cluster
+        from experiments.ray_session import ray_env_pool
+
+        pool = ray_env_pool(cfg, spec, slots)
+    else:
+        pool = EnvPool(
+            spec, workers=cfg.execution.workers, slots=slots, timeout_s=cfg.execution.step_timeout_s
+        )
+    stack.callback(pool.close)
+    return stack.enter_context(closing(AsyncEnvPool(pool)))
 
 
 def _progress_start(

@@ -118,7 +118,7 @@ class RunSession:
     ) -> None:
         self.run_dir = run_dir_of(cfg, resume)
         self.cfg = cfg.replace(run_dir=str(self.run_dir))
-        self.resume = resume is not None
+        self.resume = bool(resume)
         self.force = force
         self.server = server
         self.notes: dict[str, Any] = {}
