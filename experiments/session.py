@@ -234,7 +234,7 @@ class RunSession:
             server = ModelServer(serve_settings(self.cfg, self.run_dir / "server.log")).start()
         stack.callback(self._record_server, server, len(server.events))
         if self.server is None:
-            stack.callback(server.stop)  # before the record: how it stopped is in the log
+            stack.callback(server.stop)  # registered last: it stops before the record above
         return served_config(self.cfg, server.settings.port)
 
     def _serve_replicas(self, stack: ExitStack) -> RunConfig:
@@ -242,7 +242,7 @@ class RunSession:
 
         def record() -> None:
             if replicas:
-                self._note("server", {"replicas": replicas})
+                self._set_meta("server", {"replicas": replicas})
 
         stack.callback(record)  # once they are stopped
         replicas.extend(stack.enter_context(serve_replicas(self.cfg, self.run_dir)))
@@ -269,7 +269,7 @@ class RunSession:
         for e in server.events[first_event:]:
             if e["event"] in SERVER_EVENTS:
                 self.store.log_event(f"server_{e['event'].replace(' ', '_')}", json.dumps(e))
-        self._note(
+        self._set_meta(
             "server",
             {
                 "command": list(server.settings.argv),
@@ -281,7 +281,7 @@ class RunSession:
         )
 
     # -- the store -----------------------------------------------------------------------------
-    def _note(self, key: str, value: Any) -> None:
+    def _set_meta(self, key: str, value: Any) -> None:
         if self.store is not None:
             self.store.set_meta(key, value)
 
