@@ -42,7 +42,7 @@ from fault_server import FaultPlan, FaultServer  # noqa: E402
 
 from envs.alfworld_env import ALFWorldEnv  # noqa: E402
 from experiments.config import RunConfig  # noqa: E402
-from experiments.runner import run  # noqa: E402
+from experiments.session import run  # noqa: E402
 from experiments.store import open_reader  # noqa: E402
 
 SPLIT = "eval_in_distribution"

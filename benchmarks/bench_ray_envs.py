@@ -34,8 +34,9 @@ sys.path.insert(0, str(ROOT))
 from envs.pool import EnvPool, EnvSpec  # noqa: E402
 from envs.ray_pool import RayEnvPool  # noqa: E402
 from experiments.config import RunConfig  # noqa: E402
+from experiments.games import select_games  # noqa: E402
 from experiments.ray_session import connect  # noqa: E402
-from experiments.runner import run, select_games  # noqa: E402
+from experiments.session import run  # noqa: E402
 from experiments.store import RunStore  # noqa: E402
 from tests.test_runner import snapshot  # noqa: E402
 

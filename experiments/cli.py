@@ -51,7 +51,7 @@ def _games_stats(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from experiments import matrix
     from experiments.config import resolve
-    from experiments.runner import run
+    from experiments.session import RunSession, recorded_config
 
     if args.resume and matrix.is_matrix_dir(args.resume):
         return _run_matrix(args, None)
@@ -60,27 +60,12 @@ def _run(args: argparse.Namespace) -> int:
         if preset.is_matrix:
             return _run_matrix(args, preset)
         args.config = str(preset.path)  # a preset's bare name
-    base = None
-    if args.resume:
-        from experiments.store import RunStore
-
-        store = RunStore(args.resume, readonly=True)
-        try:
-            manifest = store.get_meta("manifest") or {}
-        finally:
-            store.close()
-        base = manifest.get("config")
-    cfg = resolve(args, base)
+    cfg = resolve(args, recorded_config(args.resume) if args.resume else None)
     if args.dry_run:
         print(json.dumps(matrix.plan_job(cfg), indent=1, default=str))
         return 0
-    progress = ConsoleProgress(verbose=args.verbose)
-    if cfg.server.serve:
-        from experiments.serve import run_served
-
-        run_dir = run_served(cfg, resume=args.resume, force=args.force, progress=progress)
-    else:
-        run_dir = run(cfg, resume=args.resume, force=args.force, progress=progress)
+    session = RunSession(cfg, resume=args.resume, force=args.force)
+    run_dir = session.run(ConsoleProgress(verbose=args.verbose))
     report = _write_report_if_available(run_dir)
     print(f"run: {run_dir}")
     if report is not None:
@@ -355,6 +340,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The loggers whose notes (INFO) the console shows: a run's own (e.g. games generated on a
+# first run), always; a matrix's, when its level lets them through
+RUN_NOTES = ("reflexsim.runner", "reflexsim.games")
+
+
 def _console_logging() -> None:
     """Warnings of the project's loggers, and the runner's own notes (e.g. games being
     generated on a first run), on stderr; everything else goes to the run's run.log."""
@@ -364,7 +354,7 @@ def _console_logging() -> None:
     handler.setFormatter(EscapingFormatter("%(message)s"))
     handler.setLevel(logging.INFO)
     handler.addFilter(
-        lambda r: r.levelno >= logging.WARNING or r.name in ("reflexsim.runner", "reflexsim.matrix")
+        lambda r: r.levelno >= logging.WARNING or r.name in (*RUN_NOTES, "reflexsim.matrix")
     )
     handler.set_name("reflexsim-console")  # one per logger, however often main() runs
     for name in ("reflexsim", "agents", "envs"):
@@ -372,7 +362,8 @@ def _console_logging() -> None:
         for old in [h for h in logger.handlers if h.get_name() == handler.get_name()]:
             logger.removeHandler(old)
         logger.addHandler(handler)
-    logging.getLogger("reflexsim.runner").setLevel(logging.INFO)
+    for name in RUN_NOTES:
+        logging.getLogger(name).setLevel(logging.INFO)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

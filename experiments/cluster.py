@@ -20,7 +20,7 @@ import secrets
 import socket
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from experiments.ray_session import (
     job_resources,
     session,
 )
+from experiments.session import run_dir_of
 
 log = logging.getLogger("reflexsim.cluster")
 
@@ -42,7 +43,8 @@ PLACEMENT_FILE = "placement.json"
 LOCK_FILE = ".job.lock"
 LOCK_WAIT_S = 600.0  # how long a new attempt waits for the lock of a job's previous attempt
 PROBE_TIMEOUT_S = 180.0
-Play = Callable[[RunConfig, bool], dict[str, Any]]  # plays one job: (config, force) -> record
+# plays one job: (config, the meta its run store records) -> the fields of its record
+Play = Callable[[RunConfig, Mapping[str, Any]], dict[str, Any]]
 
 
 # -- shared storage -----------------------------------------------------------------------------
@@ -140,33 +142,26 @@ def _write_placement(job_dir: Path, attempts: list[dict[str, Any]]) -> None:
 
 
 def _job_task(
-    play: Play, values: dict[str, Any], force: bool, attempt: int, deadline: float | None
+    play: Play, values: dict[str, Any], attempt: int, deadline: float | None
 ) -> dict[str, Any]:
-    """A job's Ray task: take its lock, record where it runs, ``play`` (or resume) it."""
+    """A job's Ray task: take its lock, record where it runs, ``play`` (or resume) it; its run
+    store records the placement too."""
     import ray
 
     cfg = from_mapping(values, source="ray job")
-    job_dir = Path(str(cfg.execution.run_dir))
+    job_dir = run_dir_of(cfg)
     where = _where(ray, attempt)
     with job_lock(job_dir):
         attempts = [a for a in read_placement(job_dir) if a.get("attempt") != attempt]
-        _write_placement(job_dir, [*attempts, where])
+        placement = [*attempts, where]
+        _write_placement(job_dir, placement)
         if deadline is not None and time.time() >= deadline:
             return {
                 "status": "pending",
                 "note": "deadline reached before it started",
                 "node": where,
             }
-        fields = play(cfg, force)
-        if (job_dir / "run.sqlite").is_file():  # the run store says where it ran, too
-            from experiments.store import RunStore
-
-            store = RunStore(job_dir)
-            try:
-                store.set_meta("placement", read_placement(job_dir))
-            finally:
-                store.close()
-        return {**fields, "node": where}
+        return {**play(cfg, {"placement": placement}), "node": where}
 
 
 # -- the matrix on Ray --------------------------------------------------------------------------
@@ -177,7 +172,6 @@ def run_jobs(
     results: dict[str, dict[str, Any]],
     save: Callable[[], None],
     deadline_of: Callable[[RunConfig], float | None],
-    force: bool,
     play: Play,
 ) -> None:
     """Play a matrix's unfinished jobs as Ray tasks (see the module docstring), each with
@@ -200,7 +194,7 @@ def run_jobs(
             record["attempt"] += 1
             cfg = configs[name]
             ref = task.options(max_retries=0, **options[name]).remote(
-                play, cfg.to_dict(), force, record["attempt"], deadline_of(cfg)
+                play, cfg.to_dict(), record["attempt"], deadline_of(cfg)
             )
             pending[ref] = name
             record.update(status="running", resources=describe_resources(options[name]))
@@ -245,7 +239,7 @@ def _finish(
 ) -> None:
     """Record one attempt's end; submit the job again when its node or worker died (at most
     ``job_retries`` times in this session)."""
-    job_dir = Path(str(cfg.execution.run_dir))
+    job_dir = run_dir_of(cfg)
     attempt = record["attempt"]
     try:
         fields = ray.get(ref)

@@ -37,6 +37,7 @@ would generate on first use (which the dry run does not generate).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -44,13 +45,14 @@ import re
 import shlex
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agents import arms
 from experiments.config import (
     RunConfig,
     data_root,
@@ -61,7 +63,9 @@ from experiments.config import (
     public_values,
 )
 from experiments.errors import ConfigError, RunStoreError
+from experiments.games import generated_games_dir, select_games, textworld_cache_dir
 from experiments.lock import DirLock
+from experiments.session import RunSession, record_notes, run_dir_of
 
 if TYPE_CHECKING:
     from experiments.store import RunState
@@ -244,9 +248,8 @@ def default_matrix_dir(preset: Preset) -> Path:
 
 # -- plans ---------------------------------------------------------------------------------------
 def plan_job(cfg: RunConfig, needs_data: bool = False) -> dict[str, Any]:
-    """``runner.plan`` when the games are there; otherwise a plan that says what is missing."""
-    from experiments.runner import dry_run_plan, estimated_plan
-
+    """:func:`dry_run_plan` when the games are there; otherwise a plan that says what is
+    missing."""
     missing = _games_not_present(cfg, needs_data)
     if missing is None:
         out = dry_run_plan(cfg)
@@ -273,10 +276,50 @@ def plan_job(cfg: RunConfig, needs_data: bool = False) -> dict[str, Any]:
     return out
 
 
+def dry_run_plan(cfg: RunConfig) -> dict[str, Any]:
+    """What a run would do, without running it (``--dry-run``)."""
+    games = select_games(cfg)
+    by_type: dict[str, int] = {}
+    for t in games.tasks:
+        by_type[t.task_type] = by_type.get(t.task_type, 0) + 1
+    return estimated_plan(
+        cfg,
+        len(games.tasks),
+        env=games.env_kind,
+        games_by_type=by_type,
+        first_games=[t.game for t in games.tasks[:5]],
+    )
+
+
+def estimated_plan(cfg: RunConfig, n: int, **games: Any) -> dict[str, Any]:
+    """The plan of a run over ``n`` games (``games``: what is known about them)."""
+    reflects = arms.get(cfg.protocol.agent).memory.reflects
+    reflections = n * (cfg.protocol.trials - 1) if reflects else 0
+    return {
+        "model": cfg.models.model,
+        "reflect_model": cfg.models.reflector,
+        "arm": cfg.protocol.agent,
+        "evaluator": cfg.evaluation.evaluator,
+        "env": cfg.gameset.env,
+        "games": n,
+        **games,
+        "trials": cfg.protocol.trials,
+        "max_steps": cfg.protocol.max_steps,
+        "memory_size": cfg.protocol.memory_size,
+        "estimated_requests": {
+            "actor_steps_at_most": n * cfg.protocol.trials * cfg.protocol.max_steps,
+            "reflections_at_most": reflections,
+            "judge_calls_at_most": n * cfg.protocol.trials
+            if cfg.evaluation.evaluator == "llm"
+            else 0,
+        },
+        "config": cfg.to_dict(public=True),
+    }
+
+
 def _games_not_present(cfg: RunConfig, needs_data: bool) -> tuple[int, str] | None:
     """(games, note) when a plan cannot list the games without making or finding them."""
     from envs.discovery import SPLITS, TASK_TYPES, split_dir
-    from experiments.runner import generated_games_dir, textworld_cache_dir
 
     if cfg.gameset.env == "textworld":
         if cfg.gameset.data is not None or (textworld_cache_dir(cfg) / ".complete").is_file():
@@ -502,6 +545,7 @@ def _run_matrix(
     _write_state(root, state)
     from experiments.serve import stop_server_on_signals
 
+    play = functools.partial(play_job, force=force)
     with stop_server_on_signals():
         if on_ray:
             from experiments.cluster import run_jobs
@@ -509,7 +553,7 @@ def _run_matrix(
             state["ray"] = on_ray
             todo = []
             for job, cfg in _own_ports(configs):
-                if job_status(Path(str(cfg.execution.run_dir))) == "complete":
+                if job_status(run_dir_of(cfg)) == "complete":
                     results.setdefault(job.name, {})["status"] = "complete"
                 else:
                     todo.append((job.name, cfg))
@@ -520,40 +564,40 @@ def _run_matrix(
                 results,
                 lambda: _write_state(root, state),
                 lambda cfg: parse_deadline(cfg.budget.deadline, start),
-                force,
-                play_job,
+                play,
             )
         else:
-            _run_jobs(preset, configs, root, state, results, _Servers(root), start, force)
+            _run_jobs(preset, configs, root, state, results, _Servers(root), start, play)
     report = _report(root, preset, results, state)
     return MatrixResult(root, results, report)
 
 
-def play_job(cfg: RunConfig, force: bool, servers: _Servers | None = None) -> dict[str, Any]:
-    """Play one job to its end, resuming it if it was started (``servers``: share a server with
-    the previous job). Returns the fields of its record; its own errors are recorded, not
-    raised (KeyboardInterrupt is)."""
-    from experiments.runner import run
-
-    job_dir = Path(str(cfg.execution.run_dir))
+def play_job(
+    cfg: RunConfig,
+    notes: Mapping[str, Any] | None = None,
+    *,
+    force: bool = False,
+    servers: _Servers | None = None,
+) -> dict[str, Any]:
+    """Play one job to its end, resuming it if it was started (``notes``: meta its store
+    records; ``servers``: share a server with the previous job). Returns the fields of its
+    record; its own errors are recorded, not raised (KeyboardInterrupt is)."""
+    session = RunSession.job(cfg, force)
+    job_dir = session.run_dir
     out: dict[str, Any] = {"started_at": time.time()}
-    status = job_status(job_dir)
-    if status == "complete":  # e.g. a lost attempt that had finished it
+    if job_status(job_dir) == "complete":  # e.g. a lost attempt that had finished it
+        record_notes(job_dir, dict(notes or {}))
         return {"status": "complete"}
-    resume = str(job_dir) if status != "new" else None
+    session.notes.update(notes or {})
     try:
         if cfg.server.serve:
-            from experiments.runner import select_games
-            from experiments.serve import run_served
-
-            select_games(cfg)  # bad games fail before a long server start
+            session.check()  # bad games fail before a long server start
             server = servers.get(cfg, job_dir) if servers is not None else None
             out["server_log"] = str(server.settings.log_path if server else job_dir / "server.log")
-            run_served(cfg, resume=resume, force=force, server=server)
-        else:
-            if servers is not None:
-                servers.close()
-            run(cfg, resume=resume, force=force)
+            session.server = server
+        elif servers is not None:
+            servers.close()
+        session.run()
     except Exception as exc:  # noqa: BLE001 - recorded; the next job still runs
         out.update(
             status="failed",
@@ -590,11 +634,12 @@ def _run_jobs(
     results: dict[str, dict[str, Any]],
     servers: _Servers,
     start: float,
-    force: bool,
+    play: Callable[..., dict[str, Any]],
 ) -> None:
+    """Play the jobs one after another (``play``: :func:`play_job`, its ``force`` given)."""
     try:
         for job, cfg in configs:
-            job_dir = Path(str(cfg.execution.run_dir))
+            job_dir = run_dir_of(cfg)
             record = results.setdefault(job.name, {})
             record.update(run_dir=str(job_dir), model=cfg.models.model, arm=cfg.protocol.agent)
             status = job_status(job_dir)
@@ -611,7 +656,7 @@ def _run_jobs(
             _write_state(root, state)
             _say(f"matrix {preset.name}: job {job.name} ({cfg.models.model}, {cfg.protocol.agent})")
             try:
-                record.update(play_job(cfg, force, servers))
+                record.update(play(cfg, servers=servers))
             except KeyboardInterrupt:
                 record.update(status="interrupted", finished_at=time.time())
                 raise

@@ -1,249 +1,40 @@
-"""One run: ``prepare(config) -> Plan`` (games, run dir, backends and manifest, resolved once)
-and ``execute(plan)`` (env pool, engine, trial loop, run store, budgets, resume)."""
+"""One run's wiring: ``execute(plan, store)`` plays a resolved run (env pool, model clients,
+engine, trial loop, budgets, progress, run log) into its store. What comes before and after (run
+directory, resume, games, manifest, lock, model server) is :mod:`experiments.session`'s."""
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 import os
-import platform
-import subprocess
-import sys
 import time
+from collections.abc import Callable
+from contextlib import ExitStack, closing
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from agents import arms
 from agents.llm import make_backend
 from agents.llm.base import Backend
 from agents.llm.ground_truth import NO_GROUND_TRUTH, GroundTruth
-from agents.llm.vllm_backend import engine_record
-from agents.prompting import file_sha256, template_hashes
 from envs.aio import AsyncEnvPool
-from envs.ground_truth import GameFileTruth
 from experiments.arming import (
     backend_options,
     build_agent,
-    check_device_share,
-    check_prompts_file,
-    code_prompts,
     extra_backends,
-    generation_config,
-    instruction,
     own_models,
-    prompt_file_hashes,
     trial_plan_of,
 )
-from experiments.config import (
-    RunConfig,
-    data_root,
-    parse_deadline,
-    public_values,
-    resumable_keys,
-)
+from experiments.config import RunConfig, parse_deadline
 from experiments.engine import Engine, ModelClient, Usage
-from experiments.errors import ConfigError, RunStoreError
-from experiments.lock import DirLock
-from experiments.store import DB_NAME, LOCK_NAME, RunStore
-from experiments.terminal import EscapingFormatter, QuietFileHandler
+from experiments.errors import RunStoreError
+from experiments.games import GameSet
+from experiments.progress import NoProgress, Progress, RunLog
+from experiments.store import RunStore
 from experiments.trials import Escalation, Task, TrialLoop
 
 log = logging.getLogger("reflexsim.runner")
-
-ACTION_SYNTAX = "alfworld-0.4 (move X to Y; You arrive at <receptacle>)"
-DEFAULT_GAMES = Path.home() / ".cache" / "reflexsim" / "games"
-
-
-@dataclass(frozen=True)
-class GameSet:
-    env_kind: str  # "alfworld" | "textworld"
-    env_kwargs: dict[str, Any]
-    tasks: list[Task]
-    files: dict[str, Path]  # game id -> file, for hashing
-    source: str = ""  # where the games come from, in words
-
-    @functools.cached_property
-    def ground_truth(self) -> GameFileTruth:
-        """The games' ground truth, read from their files: for scripted policies and the
-        ``oracle`` value only (see :mod:`agents.llm.ground_truth`)."""
-        return GameFileTruth(self.env_kind, self.files)
-
-
-def select_games(cfg: RunConfig) -> GameSet:
-    """The games of the run: explicit ids, else the split's first N (sorted by id)."""
-    if cfg.gameset.env == "textworld":
-        return _textworld_games(cfg)
-    from envs.discovery import discover_games
-
-    data = data_root(cfg)
-    if data is None:
-        data = str(_generated_default(cfg))
-    records = discover_games(data, cfg.gameset.split, list(cfg.gameset.task_types) or None)
-    if cfg.gameset.game_ids:
-        by_id = {r.game_id: r for r in records}
-        missing = [g for g in cfg.gameset.game_ids if g not in by_id]
-        if missing:
-            raise ConfigError(
-                f"unknown game id {missing[0]!r} in split {cfg.gameset.split!r} of {data!r}"
-            )
-        records = [by_id[g] for g in cfg.gameset.game_ids]
-    elif cfg.gameset.games is not None:
-        records = records[: cfg.gameset.games]
-    from envs.discovery import TASK_TYPES
-
-    tasks = [Task(r.game_id, TASK_TYPES[r.task_type]) for r in records]
-    kwargs = {
-        "data_dir": data,
-        "split": cfg.gameset.split,
-        "max_steps": cfg.protocol.max_steps,
-        "games": [t.game for t in tasks],
-    }
-    source = f"{cfg.gameset.split} of {data}"
-    return GameSet("alfworld", kwargs, tasks, {r.game_id: r.path for r in records}, source)
-
-
-def generated_games_dir(cfg: RunConfig) -> Path:
-    """Where the default generated ALFWorld games for this config are kept (per generator
-    version: a newer generator never reuses an older one's games)."""
-    from envs.alfgen import GENERATOR_VERSION
-
-    return (
-        DEFAULT_GAMES
-        / f"v{GENERATOR_VERSION}-seed{cfg.protocol.seed}-n{cfg.gameset.generate_per_type}"
-    )
-
-
-def _generated_default(cfg: RunConfig) -> Path:
-    """Games made on first use when no ALFWorld data is given (contamination-free)."""
-    from envs.alfgen import generate
-    from envs.discovery import SPLITS
-
-    root = generated_games_dir(cfg)
-    marker = root / SPLITS[cfg.gameset.split] / ".complete"
-    if not marker.is_file():
-        log.info(
-            "generating %d game(s) per task type into %s ...", cfg.gameset.generate_per_type, root
-        )
-        generate(
-            root,
-            per_type=cfg.gameset.generate_per_type,
-            seed=cfg.protocol.seed,
-            split=cfg.gameset.split,
-        )
-        marker.write_text("ok\n")
-    return root
-
-
-def textworld_cache_dir(cfg: RunConfig) -> Path:
-    """Where generated TextWorld games for this config are kept (made on first use)."""
-    return DEFAULT_GAMES / f"textworld-seed{cfg.protocol.seed}-n{max(cfg.gameset.games or 3, 1)}"
-
-
-def _textworld_games(cfg: RunConfig) -> GameSet:
-    from envs.textworld_env import discover_textworld_games
-
-    game_dir = cfg.gameset.data
-    if game_dir is None:
-        from envs.twgen import generate_textworld_games
-
-        root = textworld_cache_dir(cfg)
-        n = int(root.name.rsplit("-n", 1)[1])
-        if not (root / ".complete").is_file():
-            generate_textworld_games(root, n=n, seed=cfg.protocol.seed)
-            (root / ".complete").write_text("ok\n")
-        game_dir = str(root)
-    found = discover_textworld_games(Path(game_dir))
-    ids = list(cfg.gameset.game_ids) or sorted(found)
-    if cfg.gameset.games is not None and not cfg.gameset.game_ids:
-        ids = ids[: cfg.gameset.games]
-    tasks = [Task(g, "textworld") for g in ids]
-    kwargs = {"game_dir": game_dir, "max_steps": cfg.protocol.max_steps}
-    return GameSet("textworld", kwargs, tasks, {g: found[g] for g in ids}, f"TextWorld {game_dir}")
-
-
-def _versions() -> dict[str, str]:
-    out = {}
-    for dist in ("reflexsim", "alfworld", "textworld", "gymnasium", "vllm", "openai", "anthropic",
-                 "transformers", "torch", "llama-cpp-python"):  # fmt: skip
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return out
-
-
-def _git_commit() -> str | None:
-    here = Path(__file__).resolve().parent.parent
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() or None
-
-
-def build_manifest(
-    cfg: RunConfig, games: GameSet, actor: Backend, reflector: Backend, data: str | None
-) -> dict[str, Any]:
-    def describe(b: Backend) -> Any:
-        fn = getattr(b, "describe", None)
-        return fn() if callable(fn) else {"name": b.name}
-
-    return {
-        "config": cfg.to_dict(public=True),
-        "data_root": data,
-        "versions": _versions(),
-        "git_commit": _git_commit(),
-        "action_syntax": ACTION_SYNTAX,
-        "games": {g: file_sha256(p) for g, p in sorted(games.files.items())},
-        "prompt_templates": template_hashes(),
-        "prompts_file": file_sha256(Path(cfg.protocol.prompts)) if cfg.protocol.prompts else None,
-        "protocol": cfg.protocol.protocol,
-        "prompt_files": prompt_file_hashes(cfg),
-        "actor": describe(actor),
-        "reflector": describe(reflector),
-        "generation": generation_config(cfg).__dict__,
-        # a vllm: model's engine: sampling defaults in force, batch invariance, vLLM version
-        "vllm": engine_record(
-            cfg.models.model, cfg.models.base_url, cfg.server.serve, cfg.server.serve_command
-        ),
-        "seed": cfg.protocol.seed,
-        "hostname": platform.node(),
-        "python": sys.version.split()[0],
-        "started_at": time.time(),
-    }
-
-
-def manifest_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """What changed between a run's manifest and a resume's, beyond the resumable keys."""
-    diffs = []
-    # public copies: a manifest written before secrets were left out compares (and prints) alike
-    old_cfg, new_cfg = public_values(old.get("config", {})), public_values(new.get("config", {}))
-    defaults = RunConfig().to_dict()
-    for key in sorted(set(old_cfg) | set(new_cfg)):
-        if key in resumable_keys():
-            continue
-        # a key a newer version added reads as its default in an older manifest
-        was, now = old_cfg.get(key, defaults.get(key)), new_cfg.get(key, defaults.get(key))
-        if was != now:
-            diffs.append(f"{key}: {was!r} -> {now!r}")
-    for key in ("games", "prompt_templates", "prompts_file", "action_syntax"):
-        if old.get(key) != new.get(key):
-            diffs.append(f"{key} changed")
-    if old.get("prompt_files", {}) != new.get("prompt_files", {}):  # older manifests lack it
-        diffs.append("prompt_files changed")
-    return diffs
-
-
-def default_run_dir(cfg: RunConfig) -> Path:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    model = "".join(c if c.isalnum() or c in "-_." else "_" for c in cfg.models.model)[:40]
-    return Path("runs") / f"{stamp}-{model}-{cfg.protocol.agent.replace('+', '_')}"
 
 
 def make_backends(cfg: RunConfig, truth: GroundTruth = NO_GROUND_TRUTH) -> tuple[Backend, Backend]:
@@ -287,68 +78,40 @@ class Budget:
         return None
 
 
-class Progress(Protocol):
-    """What a run reports as it goes (the CLI draws it; library code only calls it)."""
+@dataclass(frozen=True)
+class Backends:
+    """The run's models: the actor, the reflector (often the same backend) and the planner's
+    and escalation's own models, if any."""
 
-    def begin(self, summary: dict[str, Any]) -> None: ...
-
-    def start(self, tasks: int, episodes_at_most: int, solved: int) -> None: ...
-
-    def episode_done(self, won: bool, tokens: int) -> None: ...
-
-    def task_done(self, won: bool, episodes_saved: int) -> None: ...
-
-    def close(self) -> None: ...
-
-
-class NoProgress:
-    def begin(self, summary: dict[str, Any]) -> None:
-        pass
-
-    def start(self, tasks: int, episodes_at_most: int, solved: int) -> None:
-        pass
-
-    def episode_done(self, won: bool, tokens: int) -> None:
-        pass
-
-    def task_done(self, won: bool, episodes_saved: int) -> None:
-        pass
+    actor: Backend
+    reflector: Backend
+    extras: dict[str, Backend] = field(default_factory=dict)  # planner, escalate: own models
 
     def close(self) -> None:
-        pass
+        _close_all([self.actor, self.reflector, *self.extras.values()])
 
 
-LOGGERS = ("reflexsim", "agents", "envs")
+def open_backends(cfg: RunConfig, truth: GroundTruth = NO_GROUND_TRUTH) -> Backends:
+    """Every model the run uses, built and checked (a bad spec, a missing API key or a backend
+    that cannot constrain actions is refused here, before the run directory is written)."""
+    actor, reflector = make_backends(cfg, truth)
+    try:
+        backends = Backends(actor, reflector, extra_backends(cfg, truth))
+    except BaseException:
+        _close_all([actor, reflector])
+        raise
+    if cfg.models.action_decoding == "grounded":
+        from agents.llm.common import check_grounding
+
+        try:
+            check_grounding(actor)  # a backend that cannot constrain: one line naming nearest
+        except BaseException:
+            backends.close()
+            raise
+    return backends
 
 
-class _RunLog:
-    """INFO and above from the project's loggers into ``<run dir>/run.log`` while a run lasts
-    (batch sizes, retries, crashes: what the morning reader needs); the console is left alone."""
-
-    def __init__(self, run_dir: Path) -> None:
-        self.handler = QuietFileHandler(run_dir / "run.log")
-        self.handler.setFormatter(
-            EscapingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-        )
-        self.handler.setLevel(logging.INFO)
-        self.saved: list[tuple[logging.Logger, int]] = []
-
-    def __enter__(self) -> None:
-        for name in LOGGERS:
-            logger = logging.getLogger(name)
-            self.saved.append((logger, logger.level))
-            if logger.getEffectiveLevel() > logging.INFO:
-                logger.setLevel(logging.INFO)
-            logger.addHandler(self.handler)
-
-    def __exit__(self, *exc: object) -> None:
-        for logger, level in self.saved:
-            logger.removeHandler(self.handler)
-            logger.setLevel(level)
-        self.handler.close()
-
-
-@dataclass
+@dataclass(frozen=True)
 class Plan:
     """A run resolved once: config, games, run dir, manifest and the model backends."""
 
@@ -356,18 +119,8 @@ class Plan:
     run_dir: Path
     games: GameSet
     manifest: dict[str, Any]
-    actor: Backend
-    reflector: Backend
+    backends: Backends
     resumed: bool
-    lock: DirLock | None = None  # the run directory's, held until close (None: the caller's)
-    extras: dict[str, Backend] = field(default_factory=dict)  # planner, escalate: own models
-
-    def close(self) -> None:
-        try:
-            _close_all([self.actor, self.reflector, *self.extras.values()])
-        finally:
-            if self.lock is not None:
-                self.lock.release()
 
 
 def _close_all(backends: list[Backend]) -> None:
@@ -376,146 +129,36 @@ def _close_all(backends: list[Backend]) -> None:
         backend.close()
 
 
-def run_lock(run_dir: Path) -> DirLock:
-    """The lock of one writer per run directory, held for the run's whole life."""
-    return DirLock(run_dir, LOCK_NAME)
+def execute(plan: Plan, store: RunStore, progress: Progress | None = None) -> None:
+    """Play a prepared run to its end (or its budget) into ``store``, which records how it
+    ended. The plan's backends and the store stay open: their owner closes them."""
+    asyncio.run(_execute(plan, store, progress or NoProgress()))
 
 
-def refuse_live_run(run_dir: Path) -> None:
-    """A one-line RunStoreError naming the process that runs in ``run_dir`` now, if one does
-    (writes nothing into the directory)."""
-    run_lock(run_dir).refuse_if_held("a run")
+async def _execute(plan: Plan, store: RunStore, progress: Progress) -> None:
+    _begin(plan, store, progress)
+    ending = _Ending(store)
+    with ExitStack() as stack:
+        stack.enter_context(RunLog(plan.run_dir))
+        stack.callback(ending.record)  # runs once everything registered after it is closed
+        engine, clients = _wire(plan, store, progress, stack)
+        task_done = _progress_start(plan, store, progress)
+        stack.callback(progress.close)
+        if not plan.resumed:  # a resume's own event (in _begin) marks where its process began
+            store.log_event("start", json.dumps({"pid": os.getpid()}))
+        with ending:
+            loop = _trial_loop(plan, store, engine, clients, task_done)
+            ending.stopped = await loop.run(plan.games.tasks)
 
 
-def prepare(
-    cfg: RunConfig, resume: str | None = None, force: bool = False, lock: DirLock | None = None
-) -> Plan:
-    """Resolve a run: its games, run directory, backends and manifest (checked against the
-    recorded one when resuming). Nothing is played yet; :func:`execute` plays it.
-
-    Every check of the config happens here, before the run directory is written: a refused run
-    leaves nothing behind that blocks the corrected command. The run directory's lock (one
-    writer per directory) is taken before anything is written into it and held by the plan
-    until :func:`execute` ends; ``lock``: one the caller already holds (and releases)."""
-    if cfg.cluster.address:
-        from experiments.ray_session import import_ray
-
-        import_ray()  # --ray without the extra is a one-line error, here as anywhere
-    games = select_games(cfg)
-    check_prompts_file(cfg, games.tasks)  # the prompt files: one-line errors before anything
-    instruction(cfg)
-    code_prompts(cfg)
-    check_device_share(cfg)
-    if resume:
-        run_dir = Path(resume)
-    elif cfg.execution.run_dir:
-        run_dir = Path(cfg.execution.run_dir)
-    else:
-        run_dir = default_run_dir(cfg)
-    cfg = cfg.replace(run_dir=str(run_dir))
-    own = run_lock(run_dir) if lock is None else None
-    held = lock if lock is not None else own
-    assert held is not None
-    try:
-        return _prepare(cfg, games, run_dir, resume, force, held, own)
-    except BaseException:
-        if own is not None:
-            own.release()
-        raise
-
-
-def _prepare(
-    cfg: RunConfig,
-    games: GameSet,
-    run_dir: Path,
-    resume: str | None,
-    force: bool,
-    lock: DirLock,
-    own: DirLock | None,
-) -> Plan:
-    old: dict[str, Any] | None = None
-    if resume:
-        lock.acquire(what="a run")  # a live run is refused before its store is opened
-        store = RunStore(run_dir)
-        try:
-            played = len(store.trials())
-            old = store.get_meta("manifest")
-        finally:
-            store.close()
-        if cfg.protocol.trials < played:
-            raise RunStoreError(
-                f"the run in {str(run_dir)!r} has started {played} trials: "
-                f"resume with --trials {played} or more"
-            )
-    else:
-        if not lock.held:
-            refuse_live_run(run_dir)
-        refuse_existing(run_dir)
-    actor, reflector = make_backends(cfg, games.ground_truth)
-    try:
-        extras = extra_backends(cfg, games.ground_truth)
-    except BaseException:
-        _close_all([actor, reflector])
-        raise
-    try:
-        if cfg.models.action_decoding == "grounded":
-            from agents.llm.common import check_grounding
-
-            check_grounding(actor)  # a backend that cannot constrain: one line naming nearest
-        manifest = build_manifest(cfg, games, actor, reflector, data_root(cfg))
-        if old is not None:
-            diffs = manifest_differences(old, manifest)
-            if diffs and not force:
-                raise RunStoreError(
-                    f"the run in {str(run_dir)!r} was made with a different setup "
-                    f"({'; '.join(diffs[:3])}): resume with the same config, or pass --force"
-                )
-            manifest = {**old, "resumed_at": time.time(), "resume_differences": diffs}
-            manifest["config"] = {
-                **old.get("config", {}),
-                **{k: v for k, v in cfg.to_dict(public=True).items() if k in resumable_keys()},
-            }
-        elif not lock.held:
-            lock.acquire(what="a run")  # the last check: nothing was written before it
-            refuse_existing(run_dir)  # another run may have begun here meanwhile
-    except BaseException:
-        _close_all([actor, reflector, *extras.values()])
-        raise
-    return Plan(cfg, run_dir, games, manifest, actor, reflector, old is not None, own, extras)
-
-
-def refuse_existing(run_dir: Path) -> None:
-    """A one-line RunStoreError when ``run_dir`` already holds a run (a fresh run's check)."""
-    if (run_dir / DB_NAME).exists():
-        raise RunStoreError(
-            f"{str(run_dir)!r} already holds a run: use --resume {run_dir} or another --run-dir"
-        )
-
-
-def execute(plan: Plan, progress: Progress | None = None) -> Path:
-    """Play a prepared run to its end (or its budget); returns the run directory. Closes the
-    plan's backends."""
-    try:
-        return asyncio.run(_execute(plan, progress or NoProgress()))
-    finally:
-        plan.close()
-
-
-async def _execute(plan: Plan, progress: Progress) -> Path:
-    from envs.pool import EnvPool, EnvSpec
-
+def _begin(plan: Plan, store: RunStore, progress: Progress) -> None:
+    """The run's start in its store and directory (the manifest, config.yaml); the summary
+    ``progress`` shows."""
     cfg, run_dir = plan.cfg, plan.run_dir
-    # a resumed store was quick-checked by prepare, under the lock this process has held since
-    store = RunStore(run_dir, create=not plan.resumed, check=False)
     if plan.resumed:
+        differences = plan.manifest.get("resume_differences", [])
         store.log_event(
-            "resume",
-            json.dumps(
-                {
-                    "differences": plan.manifest.get("resume_differences", []),
-                    "forced": bool(plan.manifest.get("resume_differences")),
-                }
-            ),
+            "resume", json.dumps({"differences": differences, "forced": bool(differences)})
         )
     store.set_meta("manifest", plan.manifest)
     (run_dir / "config.yaml").write_text(_yaml(cfg.to_tree(public=True)))
@@ -534,12 +177,48 @@ async def _execute(plan: Plan, progress: Progress) -> Path:
             "config": cfg.to_tree(public=True),
         }
     )
-    agent = build_agent(cfg, store, plan.games.ground_truth)
-    trial_plan = trial_plan_of(cfg)
-    tasks = plan.games.tasks
-    spec = EnvSpec(plan.games.env_kind, plan.games.env_kwargs)
+
+
+def _wire(
+    plan: Plan, store: RunStore, progress: Progress, stack: ExitStack
+) -> tuple[Engine, dict[str, ModelClient]]:
+    """The engine, over a model client per backend (by role: actor, reflector, planner,
+    escalate) and the env pool; ``stack`` closes each (the backends are the plan's owner's)."""
+    cfg, backends = plan.cfg, plan.backends
+    in_flight = cfg.execution.concurrency
+
+    def client(backend: Backend) -> ModelClient:
+        return stack.enter_context(closing(ModelClient(backend, max_in_flight=in_flight)))
+
+    actor = client(backends.actor)
+    clients = {
+        "actor": actor,
+        "reflector": actor if backends.reflector is backends.actor else client(backends.reflector),
+        **{role: client(backend) for role, backend in backends.extras.items()},
+    }
+    engine = Engine(
+        store,
+        actor,
+        _env_pool(cfg, plan.games, stack),
+        arm=cfg.protocol.agent,
+        reflector=clients["reflector"],
+        planner=clients.get("planner"),
+        should_stop=Budget(cfg),
+        concurrency=cfg.execution.concurrency,
+        on_episode_done=lambda spec, end: progress.episode_done(
+            bool(end and end.won), engine.usage.total
+        ),
+    )
+    return engine, clients
+
+
+def _env_pool(cfg: RunConfig, games: GameSet, stack: ExitStack) -> AsyncEnvPool:
+    """The env workers (processes here, or Ray actors across the cluster), closed by ``stack``."""
+    from envs.pool import EnvPool, EnvSpec
+
+    spec = EnvSpec(games.env_kind, games.env_kwargs)
     # a spare slot per worker: an episode resets its game there while it waits for its turn
-    slots = min(cfg.execution.concurrency + cfg.execution.workers, max(len(tasks), 1))
+    slots = min(cfg.execution.concurrency + cfg.execution.workers, max(len(games.tasks), 1))
     pool: Any
     if cfg.cluster.env_workers_on_ray:  # the same API; the actors run across the cluster
         from experiments.ray_session import ray_env_pool
@@ -549,33 +228,20 @@ async def _execute(plan: Plan, progress: Progress) -> Path:
         pool = EnvPool(
             spec, workers=cfg.execution.workers, slots=slots, timeout_s=cfg.execution.step_timeout_s
         )
-    envs = AsyncEnvPool(pool)
-    actor = ModelClient(plan.actor, max_in_flight=cfg.execution.concurrency)
-    reflector = (
-        actor
-        if plan.reflector is plan.actor
-        else ModelClient(plan.reflector, max_in_flight=cfg.execution.concurrency)
-    )
-    extra = {
-        role: ModelClient(backend, max_in_flight=cfg.execution.concurrency)
-        for role, backend in plan.extras.items()
-    }
-    engine = Engine(
-        store,
-        actor,
-        envs,
-        arm=cfg.protocol.agent,
-        reflector=reflector,
-        planner=extra.get("planner"),
-        should_stop=Budget(cfg),
-        concurrency=cfg.execution.concurrency,
-        on_episode_done=lambda spec, end: progress.episode_done(
-            bool(end and end.won), engine.usage.total
-        ),
-    )
-    solved_before = {e.game for e in store.episodes() if e.won}
+    stack.callback(pool.close)
+    return stack.enter_context(closing(AsyncEnvPool(pool)))
+
+
+def _progress_start(
+    plan: Plan, store: RunStore, progress: Progress
+) -> Callable[[Task, bool, int], None]:
+    """Tell ``progress`` what is left to play; returns the trial loop's callback for a task's
+    end (a task solved before this process began is not counted again)."""
+    cfg, tasks = plan.cfg, plan.games.tasks
+    episodes = store.episodes()
+    solved_before = {e.game for e in episodes if e.won}
     remaining = sum(
-        cfg.protocol.trials - len([e for e in store.episodes() if e.game == t.game])
+        cfg.protocol.trials - len([e for e in episodes if e.game == t.game])
         for t in tasks
         if t.game not in solved_before
     )
@@ -585,50 +251,65 @@ async def _execute(plan: Plan, progress: Progress) -> Path:
         if task.game not in solved_before:
             progress.task_done(won, cfg.protocol.trials - 1 - trial)
 
-    started = time.time()
-    stopped: str | None = None
-    ended: dict[str, Any] = {"how": "crashed"}
-    if not plan.resumed:  # a resume's own event (above) marks where its process began
-        store.log_event("start", json.dumps({"pid": os.getpid()}))
-    with _RunLog(run_dir):
+    return task_done
+
+
+def _trial_loop(
+    plan: Plan,
+    store: RunStore,
+    engine: Engine,
+    clients: dict[str, ModelClient],
+    task_done: Callable[[Task, bool, int], None],
+) -> TrialLoop:
+    """The arm's agent over the engine, trial after trial; a task that fails goes to the
+    escalation model when one is set (the actor's own client when it is the same model)."""
+    cfg = plan.cfg
+    escalate = clients.get("escalate")
+    if escalate is None and cfg.safeguards.escalate_model == cfg.models.model:
+        escalate = clients["actor"]  # the same model again: its own client
+    agent = build_agent(cfg, store, plan.games.ground_truth)
+    return TrialLoop(
+        store, engine, agent, trial_plan_of(cfg), on_task_done=task_done,
+        escalation=Escalation(cfg.safeguards.escalate_model, escalate)
+        if escalate is not None and cfg.safeguards.escalate_model
+        else None,
+    )  # fmt: skip
+
+
+class _Ending:
+    """How this process's part of a run ended (``with`` around the play), recorded in the store
+    by :meth:`record` once what the run used is closed."""
+
+    def __init__(self, store: RunStore) -> None:
+        self.store = store
+        self.began: float | None = None  # None: the play never began
+        self.stopped: str | None = None  # the budget or deadline that stopped it
+        self.ended: dict[str, Any] = {"how": "crashed"}
+
+    def __enter__(self) -> None:
+        self.began = time.time()
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        if exc is None:
+            self.ended = (
+                {"how": "stopped", "reason": self.stopped} if self.stopped else {"how": "finished"}
+            )
+        elif isinstance(exc, asyncio.CancelledError | KeyboardInterrupt):
+            self.ended = {"how": "interrupted", "by": type(exc).__name__}
+        elif isinstance(exc, Exception):
+            self.ended = {"how": "crashed", "error": f"{type(exc).__name__}: {exc}"[:500]}
+
+    def record(self) -> None:
+        if self.began is None:
+            return
         try:
-            escalate = extra.get("escalate")
-            if escalate is None and cfg.safeguards.escalate_model == cfg.models.model:
-                escalate = actor  # the same model again: its own client
-            loop = TrialLoop(
-                store, engine, agent, trial_plan, on_task_done=task_done,
-                escalation=Escalation(cfg.safeguards.escalate_model, escalate)
-                if escalate is not None and cfg.safeguards.escalate_model
-                else None,
-            )  # fmt: skip
-            stopped = await loop.run(tasks)
-            ended = {"how": "stopped", "reason": stopped} if stopped else {"how": "finished"}
-        except (asyncio.CancelledError, KeyboardInterrupt) as exc:
-            ended = {"how": "interrupted", "by": type(exc).__name__}
-            raise
-        except Exception as exc:
-            ended = {"how": "crashed", "error": f"{type(exc).__name__}: {exc}"[:500]}
-            raise
-        finally:
-            progress.close()
-            envs.close()
-            pool.close()
-            actor.close()
-            if reflector is not actor:
-                reflector.close()
-            for client in extra.values():
-                client.close()  # its backend is the plan's, closed with it
-            try:
-                _record_end(store, time.time() - started, ended, stopped)
-            except RunStoreError as exc:
-                if ended["how"] == "finished":
-                    raise
-                # the error that ended the run (a full disk, say) is the one to report; the
-                # store then reads as a kill -9 would leave it, and a resume goes on from there
-                log.warning("how the run ended was not recorded: %s", exc)
-            finally:
-                store.close()
-    return run_dir
+            _record_end(self.store, time.time() - self.began, self.ended, self.stopped)
+        except RunStoreError as exc:
+            if self.ended["how"] == "finished":
+                raise
+            # the error that ended the run (a full disk, say) is the one to report; the
+            # store then reads as a kill -9 would leave it, and a resume goes on from there
+            log.warning("how the run ended was not recorded: %s", exc)
 
 
 def _record_end(store: RunStore, wall_s: float, ended: dict[str, Any], stopped: str | None) -> None:
@@ -648,56 +329,3 @@ def _yaml(tree: dict[str, Any]) -> str:
     import yaml
 
     return str(yaml.safe_dump(tree, sort_keys=False))
-
-
-def run(
-    cfg: RunConfig,
-    resume: str | None = None,
-    force: bool = False,
-    progress: Progress | None = None,
-    lock: DirLock | None = None,
-) -> Path:
-    """Prepare and execute a run (or resume one); returns the run directory (its store says
-    how it ended: ``RunStore.run_state``). ``lock``: the run directory's, already held."""
-    return execute(prepare(cfg, resume=resume, force=force, lock=lock), progress)
-
-
-def dry_run_plan(cfg: RunConfig) -> dict[str, Any]:
-    """What a run would do, without running it (``--dry-run``)."""
-    games = select_games(cfg)
-    by_type: dict[str, int] = {}
-    for t in games.tasks:
-        by_type[t.task_type] = by_type.get(t.task_type, 0) + 1
-    return estimated_plan(
-        cfg,
-        len(games.tasks),
-        env=games.env_kind,
-        games_by_type=by_type,
-        first_games=[t.game for t in games.tasks[:5]],
-    )
-
-
-def estimated_plan(cfg: RunConfig, n: int, **games: Any) -> dict[str, Any]:
-    """The plan of a run over ``n`` games (``games``: what is known about them)."""
-    reflects = arms.get(cfg.protocol.agent).memory.reflects
-    reflections = n * (cfg.protocol.trials - 1) if reflects else 0
-    return {
-        "model": cfg.models.model,
-        "reflect_model": cfg.models.reflector,
-        "arm": cfg.protocol.agent,
-        "evaluator": cfg.evaluation.evaluator,
-        "env": cfg.gameset.env,
-        "games": n,
-        **games,
-        "trials": cfg.protocol.trials,
-        "max_steps": cfg.protocol.max_steps,
-        "memory_size": cfg.protocol.memory_size,
-        "estimated_requests": {
-            "actor_steps_at_most": n * cfg.protocol.trials * cfg.protocol.max_steps,
-            "reflections_at_most": reflections,
-            "judge_calls_at_most": n * cfg.protocol.trials
-            if cfg.evaluation.evaluator == "llm"
-            else 0,
-        },
-        "config": cfg.to_dict(public=True),
-    }

@@ -31,7 +31,7 @@ own ``--data-parallel-size N`` to the command: N engines behind the one URL. The
 request with an ``X-data-parallel-rank`` header derived from its game (the OpenAI backend's
 ``data_parallel_size``), so that all the steps of an episode, and the later trials of its game,
 go to the engine whose prefix cache holds them. Several nodes: with ``--ray``, ``serve_replicas``
-N starts N servers as Ray actors (:func:`run_on_replicas`), each listening on its node's address,
+N starts N servers as Ray actors (:func:`serve_replicas`), each listening on its node's address,
 and the run shards its games across their URLs as with a ``--base-url`` list.
 
 The port is fixed (``serve_port``, default 8000) so that a resumed run finds its server at the
@@ -629,84 +629,6 @@ def stop_server_on_signals() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def run_served(
-    cfg: RunConfig,
-    resume: str | None = None,
-    force: bool = False,
-    server: ModelServer | None = None,
-    progress: Any = None,
-) -> Path:
-    """``runner.run`` with the model served: starts (or reuses) the server, stops one it started.
-    The run directory's lock is taken before the server starts and held until the end."""
-    from experiments.arming import check_prompts_file
-    from experiments.runner import (
-        default_run_dir,
-        refuse_existing,
-        refuse_live_run,
-        run,
-        run_lock,
-        select_games,
-    )
-
-    check_serve(cfg)
-    run_dir = (
-        Path(resume)
-        if resume
-        else Path(cfg.execution.run_dir)
-        if cfg.execution.run_dir
-        else default_run_dir(cfg)
-    )
-    refuse_live_run(run_dir)
-    if not resume:
-        refuse_existing(run_dir)
-    # a bad game selection or prompts file fails now, not after a long server start
-    check_prompts_file(cfg, select_games(cfg).tasks)
-    lock = run_lock(run_dir).acquire(what="a run")  # it makes the directory
-    try:
-        if cfg.cluster.serve_replicas > 1 and server is None:
-            with stop_server_on_signals():
-                return run_on_replicas(cfg, run_dir, resume, force, progress, lock)
-        with stop_server_on_signals():
-            own = server is None
-            if server is None:
-                server = ModelServer(serve_settings(cfg, run_dir / "server.log")).start()
-            first_event = len(server.events)
-            try:
-                served = served_config(cfg.replace(run_dir=str(run_dir)), server.settings.port)
-                return run(served, resume=resume, force=force, progress=progress, lock=lock)
-            finally:
-                if own:
-                    server.stop()
-                _record(run_dir, server, first_event)
-    finally:
-        lock.release()
-
-
-def _record(run_dir: Path, server: ModelServer, first_event: int) -> None:
-    """Put the server's restarts into the run store (the log has the details)."""
-    from experiments.store import RunStore
-
-    if not (run_dir / "run.sqlite").exists():
-        return
-    store = RunStore(run_dir)
-    try:
-        for e in server.events[first_event:]:
-            if e["event"] in ("died", "restart", "restart failed", "gave up"):
-                store.log_event(f"server_{e['event'].replace(' ', '_')}", json.dumps(e))
-        store.set_meta(
-            "server",
-            {
-                "command": list(server.settings.argv),
-                "url": server.url,
-                "log": str(server.settings.log_path),
-                "restarts": server.restarts,
-                "failed": server.failed,
-            },
-        )
-    finally:
-        store.close()
-
-
 # -- replicas on a Ray cluster ----------------------------------------------------------------------------
 class ReplicaActor:
     """A Ray actor that runs one supervised model server on its node, on the node's address."""
@@ -744,38 +666,12 @@ class ReplicaActor:
         return {"restarts": self.server.restarts, "failed": self.server.failed}
 
 
-def _repoint(run_dir: Path, base_url: str) -> None:
-    """A resumed run's replicas listen elsewhere now: its manifest gets their URLs (an event
-    records the move; which server answers never changes a result)."""
-    from experiments.store import RunStore
-
-    if not (run_dir / "run.sqlite").is_file():
-        return
-    store = RunStore(run_dir)
-    try:
-        manifest = store.get_meta("manifest") or {}
-        old = manifest.get("config", {}).get("base_url")
-        if manifest and old != base_url:
-            manifest["config"]["base_url"] = base_url
-            store.set_meta("manifest", manifest)
-            store.log_event("serve_replicas", json.dumps({"from": old, "to": base_url}))
-    finally:
-        store.close()
-
-
-def run_on_replicas(
-    cfg: RunConfig,
-    run_dir: Path,
-    resume: str | None,
-    force: bool,
-    progress: Any = None,
-    lock: Any = None,
-) -> Path:
-    """``runner.run`` against ``serve_replicas`` model servers started as Ray actors (each
-    reserving the model's GPUs, spread over the nodes); stops them at the end."""
+@contextmanager
+def serve_replicas(cfg: RunConfig, run_dir: Path) -> Iterator[list[dict[str, Any]]]:
+    """``serve_replicas`` model servers started as Ray actors (each reserving the model's GPUs,
+    spread over the nodes), connected to ``--ray`` while the block runs. Yields each one's URL,
+    node and log; when the block ends they are stopped, and each entry gets how it ended."""
     from experiments.ray_session import alive_nodes, check_fits, gpu_options, model_gpus, session
-    from experiments.runner import run
-    from experiments.store import RunStore
 
     with session(str(cfg.cluster.address)) as ray:
         options = {"num_cpus": 1, **gpu_options(cfg, model_gpus(cfg))}
@@ -791,27 +687,12 @@ def run_on_replicas(
                 infos = ray.get(starts)
             except ray.exceptions.RayTaskError as exc:
                 raise ServeError(f"a served replica did not start: {exc.cause}") from None
-            urls = ",".join(info["url"] for info in infos)
-            log.info("serving %s on %s", cfg.models.model, urls)
-            served = served_config(cfg.replace(run_dir=str(run_dir)), cfg.server.serve_port)
-            if resume:
-                _repoint(run_dir, urls)
-            return run(
-                served.replace(base_url=urls),
-                resume=resume,
-                force=force,
-                progress=progress,
-                lock=lock,
-            )
+            log.info("serving %s on %s", cfg.models.model, ",".join(i["url"] for i in infos))
+            yield infos
         finally:
             ends = _stop_replicas(ray, actors)
-            if infos and (run_dir / "run.sqlite").is_file():
-                store = RunStore(run_dir)
-                try:
-                    replicas = [{**i, **e} for i, e in zip(infos, ends, strict=True)]
-                    store.set_meta("server", {"replicas": replicas})
-                finally:
-                    store.close()
+            for info, end in zip(infos, ends, strict=False):
+                info.update(end)
 
 
 def _stop_replicas(ray: Any, actors: list[Any]) -> list[dict[str, Any]]:

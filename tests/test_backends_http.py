@@ -357,7 +357,7 @@ def test_close_ends_requests_in_flight_at_once(which, kind) -> None:
 
 def test_a_failed_call_records_the_retries_it_made(generated_games, tmp_path) -> None:
     from experiments.config import RunConfig
-    from experiments.runner import run
+    from experiments.session import run
     from experiments.store import RunStore
 
     with FaultServer(FaultPlan(rate=1.0, kinds=("500",))) as server:
@@ -383,7 +383,7 @@ def test_an_oversized_completion_is_cut_flagged_and_recorded(
     from agents.llm.base import OVERSIZED
     from agents.llm.common import MAX_CHARS_PER_TOKEN
     from experiments.config import RunConfig
-    from experiments.runner import run
+    from experiments.session import run
     from experiments.store import RunStore
 
     huge = " look" + "x" * 4_000_000

@@ -19,7 +19,7 @@ from experiments.config import (
     section_types,
 )
 from experiments.errors import ConfigError
-from experiments.runner import run
+from experiments.session import run
 from experiments.store import RunStore
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from experiments.config import RunConfig
-from experiments.runner import run
+from experiments.session import run
 from experiments.store import RunStore
 
 pytest.importorskip("llama_cpp")

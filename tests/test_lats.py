@@ -20,7 +20,7 @@ from agents.oracle import oracle_distance
 from agents.values import Candidate, NodeView, make_value, parse_rating
 from experiments.config import RunConfig
 from experiments.report import summarize
-from experiments.runner import run
+from experiments.session import run
 from experiments.store import RunStore
 from memory.records import SearchTree, Step, StepKind
 
@@ -167,7 +167,7 @@ def play_lats(
     from envs.pool import EnvSpec, SyncEnvPool
     from experiments.arming import build_agent, trial_plan_of
     from experiments.engine import Engine, ModelClient
-    from experiments.runner import select_games
+    from experiments.games import select_games
 
     cfg = config(data, tmp, "run", model="scripted:expert", games=1, **kw)
     games = select_games(cfg)

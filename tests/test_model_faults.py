@@ -18,7 +18,7 @@ from experiments.arming import check_device_share, own_models
 from experiments.config import RunConfig
 from experiments.engine import context_verdict
 from experiments.report import markdown_report, summarize
-from experiments.runner import run
+from experiments.session import run
 from experiments.store import RunStore, open_reader
 from experiments.viewer.data import episode_detail
 from tests.fault_server import FaultPlan, FaultServer
@@ -232,7 +232,7 @@ def test_episodes_in_flight_when_the_engine_died_are_played_again(
     from envs.pool import EnvPool, EnvSpec
     from experiments.arming import actor_settings
     from experiments.engine import Engine, ModelClient
-    from experiments.runner import select_games
+    from experiments.games import select_games
     from experiments.trials import TrialLoop, TrialPlan
 
     cfg = RunConfig.of(model="scripted:expert", data=str(generated_games), split=SPLIT, games=2)

@@ -10,7 +10,7 @@ from agents.llm.markers import PLAN_PREFIX, REPLAN_PREFIX, plan_items, render_pl
 from agents.plan_execute import parse_plan, plan_example
 from agents.prompting import example_texts
 from experiments.config import RunConfig
-from experiments.runner import run
+from experiments.session import run
 from experiments.store import RunStore
 from memory.records import StepKind
 

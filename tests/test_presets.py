@@ -88,10 +88,10 @@ def test_every_preset_loads_and_keeps_the_protocol():
 
 
 def test_dry_run_of_every_preset_needs_neither_models_nor_data(tmp_path, monkeypatch, capsys):
-    import experiments.runner as runner
+    import experiments.games as games
 
     monkeypatch.delenv("ALFWORLD_DATA", raising=False)
-    monkeypatch.setattr(runner, "DEFAULT_GAMES", tmp_path / "games")
+    monkeypatch.setattr(games, "DEFAULT_GAMES", tmp_path / "games")
     for name in sorted(PRESETS):
         assert main(["run", "--config", name, "--dry-run"]) == 0
         plan = json.loads(capsys.readouterr().out)

@@ -14,7 +14,7 @@ import pytest
 from envs.pool import EnvSpec, Reset, StepResult, WorkerCrashed
 from experiments.config import RunConfig
 from experiments.errors import ConfigError
-from experiments.runner import run
+from experiments.session import run
 from experiments.store import RunStore
 from tests.raycluster import ray_cluster
 from tests.test_runner import snapshot

@@ -138,7 +138,8 @@ signal.pause()
 
 
 def test_served_replicas_start_on_the_cluster_and_serve_the_run(cluster, generated_games, tmp_path):
-    from experiments.serve import free_port, run_served
+    from experiments.serve import free_port
+    from experiments.session import RunSession
 
     script = tmp_path / "stand_in.py"
     script.write_text(STAND_IN.format(root=str(ROOT)))
@@ -148,7 +149,7 @@ def test_served_replicas_start_on_the_cluster_and_serve_the_run(cluster, generat
         serve_port=free_port(), serve_timeout_s=120, data=str(generated_games), split=SPLIT,
         games=2, trials=1, max_steps=3, run_dir=str(tmp_path / "run"),
     )  # fmt: skip
-    run_dir = run_served(cfg)
+    run_dir = RunSession(cfg).run()
     store = RunStore(run_dir, readonly=True)
     try:
         replicas = store.get_meta("server")["replicas"]

@@ -27,7 +27,7 @@ from agents.reflexion import ReflexionSettings, prompt_prefix, reflect
 from experiments.arming import code_prompts, prompt_file_hashes
 from experiments.config import RunConfig
 from experiments.errors import ConfigError
-from experiments.runner import run
+from experiments.session import run
 from experiments.store import RunStore
 from memory.records import Reflection, Step
 from tests.gameruns import game_run

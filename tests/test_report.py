@@ -347,7 +347,7 @@ def test_a_real_run_report_and_its_prompts(
 ) -> None:
     """A real run (generated ALFWorld games, the scripted learner): the report agrees with the
     store, and the viewer's prompt of every step is exactly what the model was sent."""
-    from experiments import runner
+    from experiments import runner, session
     from experiments.config import RunConfig
     from experiments.store import RunStore
     from experiments.viewer.data import step_prompt
@@ -365,7 +365,7 @@ def test_a_real_run_report_and_its_prompts(
         model="scripted:learner", data=str(generated_games), split="eval_out_of_distribution",
         games=2, trials=2, workers=1, run_dir=str(tmp_path / "real"),
     )  # fmt: skip
-    run_dir = runner.run(cfg)
+    run_dir = session.run(cfg)
     s = json.loads((write_report([run_dir]) / "summary.json").read_text())
     assert s["total_tasks"] == 2 and s["arm"] == "reflexion" and s["errors"] == 0
     for t in s["trials"]:

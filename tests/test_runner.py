@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from experiments.config import RunConfig
-from experiments.runner import run
+from experiments.session import run
 from experiments.store import RunStore
 from tests.fault_server import FaultPlan, FaultServer
 
@@ -197,7 +197,7 @@ def test_worker_killed_mid_episode_is_resimulated(generated_games, tmp_path):
     from envs.pool import EnvPool, EnvSpec
     from experiments.arming import actor_settings
     from experiments.engine import Engine, ModelClient
-    from experiments.runner import select_games
+    from experiments.games import select_games
     from experiments.trials import TrialLoop, TrialPlan
 
     cfg = RunConfig.of(

@@ -18,7 +18,7 @@ from agents.llm.ground_truth import GroundTruth
 from agents.reflexion import ReflexionSettings, parse_critique, trimmed_trajectory
 from experiments.config import RunConfig
 from experiments.report import summarize
-from experiments.runner import run
+from experiments.session import run
 from experiments.store import RunStore, escalation_id
 from memory.records import FailureClass, StepKind
 
@@ -194,7 +194,7 @@ def test_escalation_reruns_only_unsolved_tasks_with_the_second_model(
     from envs.pool import EnvSpec, SyncEnvPool
     from experiments.arming import build_agent, trial_plan_of
     from experiments.engine import Engine, ModelClient
-    from experiments.runner import select_games
+    from experiments.games import select_games
     from experiments.trials import Escalation, TrialLoop
 
     cfg = config(generated_games, tmp_path, agent="react", trials=2, games=2,

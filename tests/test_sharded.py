@@ -151,7 +151,7 @@ def test_failover_when_a_server_stops_and_back_when_it_returns(servers):
 
 def test_a_run_through_the_runner_is_sharded_by_game(servers, generated_games, tmp_path):
     from experiments.config import RunConfig
-    from experiments.runner import run
+    from experiments.session import run
     from experiments.store import RunStore
 
     a, b = servers

@@ -15,7 +15,7 @@ from runfactory import COMMITTED, COMMITTED_V1, make_run, standard_tasks
 from experiments.cli import main
 from experiments.config import RunConfig
 from experiments.errors import ConfigError
-from experiments.runner import run
+from experiments.session import run
 from experiments.store import RunReader, open_reader
 from experiments.training_data import conversation, joined
 from experiments.viewer.data import step_prompt

@@ -14,7 +14,8 @@ from envs.alfworld_env import game_walkthrough
 from envs.textworld_env import game_walkthrough as tw_walkthrough
 from experiments.config import RunConfig
 from experiments.errors import RunStoreError
-from experiments.runner import NoProgress, run
+from experiments.progress import NoProgress
+from experiments.session import run
 from experiments.store import RunStore
 from memory.records import StepKind
 

@@ -584,7 +584,7 @@ def test_the_runner_hands_every_request_to_the_async_engine(
     engine's async path is checked below (one event loop, concurrent requests) and the real
     runner against real vLLM through ``--serve``."""
     from experiments.config import RunConfig
-    from experiments.runner import run
+    from experiments.session import run
 
     run_dir = tmp_path / "run"
     cfg = RunConfig.of(
@@ -1008,8 +1008,8 @@ def test_real_vllm_prompt_over_max_model_len_ends_episodes_as_context_limit(
     from experiments.arming import actor_settings
     from experiments.config import RunConfig
     from experiments.engine import Engine, ModelClient
+    from experiments.games import select_games
     from experiments.report import summarize
-    from experiments.runner import select_games
     from experiments.trials import TrialLoop, TrialPlan
 
     cfg = RunConfig.of(
@@ -1052,8 +1052,8 @@ def test_real_vllm_serve_prompt_over_max_model_len_is_context_limit(
     the same server asks nothing again; the report counts them. One server for both runs."""
     from experiments.config import RunConfig
     from experiments.report import summarize
-    from experiments.runner import run
     from experiments.serve import ModelServer, free_port, serve_settings, served_config
+    from experiments.session import run
     from experiments.store import open_reader
 
     command = (
