@@ -17,6 +17,7 @@ from typing import Protocol
 
 from agents import reflexion_code as code
 from agents.episode import ModelPort
+from agents.experience import Experience
 from agents.reflexion import (
     Reflected,
     ReflexionSettings,
@@ -34,6 +35,8 @@ class Recall:
 
     reflections: tuple[Reflection, ...] = ()
     facts: tuple[ExplorationFact, ...] = ()
+    preamble: str = ""  # shown at the top of the prompt (rules learned on other tasks)
+    examples: tuple[str, ...] = ()  # transcripts shown in place of the few-shot examples
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,11 @@ class Failed:
 
 
 class PastTrials(Protocol):
-    """A task's earlier trials, as the trial loop reads them from the run store."""
+    """A task's earlier trials, as the trial loop reads them from the run store, and the
+    experience of other tasks the run was given (:mod:`agents.experience`)."""
+
+    task_type: str
+    experience: Experience | None
 
     def reflections(self) -> list[Reflection]:
         """The task's memory items, every trial's."""

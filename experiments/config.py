@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agents.experience import SCOPES as EXPERIENCE_SCOPES
 from agents.llm.specs import parse_spec
 from agents.reflexion_code import CODE_PROTOCOL
 from experiments.errors import ConfigError
@@ -36,6 +37,7 @@ EVALUATORS = ("paper", "code", "llm")
 PROTOCOLS = ("reflexsim", CODE_PROTOCOL)
 ENVS = ("alfworld", "textworld")
 SPLITS = ("train", "eval_in_distribution", "eval_out_of_distribution")
+SIMILARITIES = ("lexical", "embedding")
 
 
 def option(
@@ -432,6 +434,32 @@ class LatsConfig:
 
 
 @dataclass(frozen=True)
+class ExperienceConfig:
+    """Experience across tasks (agents insights, retrieve): what a gathering run learned on
+    other games, shown to each new task."""
+
+    experience_from: str | None = option(
+        None, "run directory of the gathering run whose experience is shown (rules, trajectories)"
+    )
+    experience_scope: str = option(
+        "type",
+        "which tasks' experience a task sees: type (its own task type), similar (its family: "
+        "put/puttwo, clean/heat/cool, examine), all",
+        choices=EXPERIENCE_SCOPES,
+    )
+    retrieve_k: int = option(
+        2, "successful trajectories shown in place of the few-shot examples (retrieve)", minimum=1
+    )
+    similarity: str = option(
+        "lexical",
+        "how trajectories are ranked by task description: lexical (BM25) or embedding "
+        "(the embedding extra)",
+        choices=SIMILARITIES,
+    )
+    vote_floor: int = option(1, "rules with fewer votes than this are not shown", minimum=1)
+
+
+@dataclass(frozen=True)
 class SafeguardConfig:
     """Safeguards of reflect-then-retry (each is recorded with the run)."""
 
@@ -476,6 +504,7 @@ class RunConfig:
     server: ServeConfig = field(default_factory=ServeConfig)
     planning: PlanningConfig = field(default_factory=PlanningConfig)
     lats: LatsConfig = field(default_factory=LatsConfig)
+    experience: ExperienceConfig = field(default_factory=ExperienceConfig)
     safeguards: SafeguardConfig = field(default_factory=SafeguardConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 

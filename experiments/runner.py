@@ -22,6 +22,7 @@ from agents import arms
 from agents.arm import ArmContext, SearchLog
 from agents.episode import Agent
 from agents.evaluators import make_evaluator
+from agents.experience import Experience
 from agents.llm import make_backend
 from agents.llm.base import Backend, GenerationConfig
 from agents.llm.ground_truth import NO_GROUND_TRUTH, GroundTruth
@@ -41,6 +42,7 @@ from experiments.config import (
 )
 from experiments.engine import Engine, ModelClient, Usage
 from experiments.errors import ConfigError, RunStoreError
+from experiments.experience import for_run as experience_for
 from experiments.lock import DirLock
 from experiments.store import DB_NAME, LOCK_NAME, RunStore
 from experiments.terminal import EscapingFormatter, QuietFileHandler
@@ -374,6 +376,7 @@ class Plan:
     resumed: bool
     lock: DirLock | None = None  # the run directory's, held until close (None: the caller's)
     extras: dict[str, Backend] = field(default_factory=dict)  # planner, escalate: own models
+    experience: Experience | None = None  # other games' experience the run shows
 
     def close(self) -> None:
         try:
@@ -429,6 +432,9 @@ def prepare(
     check_prompts_file(cfg, games)  # the prompt files: one-line errors before anything
     _instruction(cfg)
     code_prompts(cfg)
+    shown = experience_for(
+        cfg, cfg.gameset.split, {g: _file_hash(p) for g, p in games.files.items()}
+    )
     if resume:
         run_dir = Path(resume)
     elif cfg.execution.run_dir:
@@ -440,7 +446,7 @@ def prepare(
     held = lock if lock is not None else own
     assert held is not None
     try:
-        return _prepare(cfg, games, run_dir, resume, force, held, own)
+        return _prepare(cfg, games, run_dir, resume, force, held, own, shown)
     except BaseException:
         if own is not None:
             own.release()
@@ -455,6 +461,7 @@ def _prepare(
     force: bool,
     lock: DirLock,
     own: DirLock | None,
+    shown: Experience | None = None,
 ) -> Plan:
     old: dict[str, Any] | None = None
     if resume:
@@ -486,6 +493,8 @@ def _prepare(
 
             check_grounding(actor)  # a backend that cannot constrain: one line naming nearest
         manifest = build_manifest(cfg, games, actor, reflector, data_root(cfg))
+        if shown is not None:  # the experience the run shows: its run and digest
+            manifest["experience"] = shown.provenance.to_json()
         if old is not None:
             diffs = manifest_differences(old, manifest)
             if diffs and not force:
@@ -504,7 +513,9 @@ def _prepare(
     except BaseException:
         _close_all([actor, reflector, *extras.values()])
         raise
-    return Plan(cfg, run_dir, games, manifest, actor, reflector, old is not None, own, extras)
+    return Plan(
+        cfg, run_dir, games, manifest, actor, reflector, old is not None, own, extras, shown
+    )
 
 
 def refuse_existing(run_dir: Path) -> None:
@@ -558,7 +569,7 @@ async def _execute(plan: Plan, progress: Progress) -> Path:
         }
     )
     agent = build_agent(cfg, store, plan.games.ground_truth)
-    trial_plan = trial_plan_of(cfg)
+    trial_plan = replace(trial_plan_of(cfg), experience=plan.experience)
     tasks = plan.games.tasks
     spec = EnvSpec(plan.games.env_kind, plan.games.env_kwargs)
     # a spare slot per worker: an episode resets its game there while it waits for its turn

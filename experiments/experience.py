@@ -1,0 +1,136 @@
+"""Experience of a gathering run, for runs on other games: read it, guard against
+contamination, and extract its rules.
+
+- :func:`load` reads a finished run's store as an :class:`~agents.experience.Experience`: its
+  finished attempts, the rules extracted from them (meta ``insights``), and its provenance
+  (the run, its split, its games' file hashes, a digest of what is shown).
+- :func:`check_contamination` refuses a run whose games the experience played, or whose split
+  it was gathered on: an evaluation episode never sees its own game's episodes or any episode
+  of the split it is evaluated on.
+- :func:`extract_rules` makes the rule list (:func:`agents.insights.extract`) and keeps it in the
+  gathering run's store with every call that made it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+from agents import arms
+from agents.experience import Attempt, Experience, ExperienceSettings, Provenance, Rule, digest
+from agents.insights import extract
+from agents.llm import make_backend
+from agents.prompting import transcript_pairs
+from experiments.config import RunConfig
+from experiments.engine import ModelClient
+from experiments.errors import ConfigError, RunStoreError
+from experiments.lock import DirLock
+from experiments.store import LOCK_NAME, RunReader, RunStore
+from memory.records import EpisodeStatus
+
+INSIGHTS_KEY = "insights"  # the store's meta key of the extracted rules and their calls
+
+
+def settings_of(cfg: RunConfig) -> ExperienceSettings:
+    e = cfg.experience
+    return ExperienceSettings(e.experience_scope, e.retrieve_k, e.similarity, e.vote_floor)
+
+
+def load(run_dir: str | Path, settings: ExperienceSettings = ExperienceSettings()) -> Experience:
+    """The experience of the run in ``run_dir``; a RunStoreError when it is not a run."""
+    with RunReader(run_dir) as store:
+        manifest = store.get_meta("manifest") or {}
+        attempts = tuple(
+            Attempt(
+                e.game,
+                e.task_type,
+                e.trial,
+                e.won,
+                e.observation,
+                tuple(transcript_pairs(store.steps(e.episode_id))),
+            )
+            for e in store.episodes()
+            if e.status == EpisodeStatus.DONE.value
+        )
+        extracted = store.get_meta(INSIGHTS_KEY) or {}
+    rules = tuple(Rule.from_json(r) for r in extracted.get("rules", []))
+    config = manifest.get("config", {})
+    provenance = Provenance(
+        run=str(run_dir),
+        split=str(config.get("split", "")),
+        games=dict(manifest.get("games", {})),
+        digest=digest(attempts, rules),
+    )
+    return Experience(provenance, attempts, rules, settings)
+
+
+def check_contamination(experience: Experience, split: str, games: dict[str, str]) -> None:
+    """A one-line ConfigError naming the experience source when a run on ``games`` (id -> file
+    hash) of ``split`` would be shown its own games' episodes or its split's."""
+    source = experience.provenance
+    where = f"experience {source.run!r}"
+    if source.split == split:
+        raise ConfigError(
+            f"{where} was gathered on the split this run evaluates ({split}): gather on "
+            "another split (train) or evaluate on another"
+        )
+    hashes = set(source.games.values())
+    shared = sorted(g for g, h in games.items() if g in source.games or h in hashes)
+    if shared:
+        raise ConfigError(
+            f"{where} holds episodes of {len(shared)} game(s) this run plays ({shared[0]}): "
+            "gather on other games"
+        )
+
+
+def for_run(cfg: RunConfig, split: str, games: dict[str, str]) -> Experience | None:
+    """The experience a run is shown, checked against its games; None when it uses none. An
+    arm that needs experience without ``experience_from`` is a ConfigError."""
+    source = cfg.experience.experience_from
+    needs = getattr(arms.get(cfg.protocol.agent).memory, "uses_experience", False)
+    if source is None:
+        if needs:
+            raise ConfigError(
+                f"--agent {cfg.protocol.agent} shows experience of other games: add "
+                "--experience-from RUN_DIR (a gathering run)"
+            )
+        return None
+    try:
+        experience = load(source, settings_of(cfg))
+    except RunStoreError as exc:
+        raise ConfigError(f"--experience-from: {exc}") from None
+    check_contamination(experience, split, games)
+    return experience
+
+
+def extract_rules(run_dir: str | Path, model: str, max_tokens: int = 256) -> dict[str, Any]:
+    """Extract the rules of the gathering run in ``run_dir`` with ``model`` (a model spec) and
+    keep them, with every call, in its store (meta ``insights``); returns what was kept."""
+    experience = load(run_dir)
+    backend = make_backend(model)
+    lock = DirLock(Path(run_dir), LOCK_NAME)
+    lock.acquire(what="a rule extraction")
+    try:
+        client = ModelClient(backend, max_in_flight=1)
+        try:
+            rules, steps = asyncio.run(extract(client, experience.attempts, max_tokens=max_tokens))
+        finally:
+            client.close()
+        kept = {
+            "model": model,
+            "source_digest": experience.provenance.digest,
+            "made_at": time.time(),
+            "rules": [r.to_json() for r in rules],
+            "steps": [s.to_json() for s in steps],
+        }
+        store = RunStore(run_dir)
+        try:
+            store.set_meta(INSIGHTS_KEY, kept)
+        finally:
+            store.close()
+    finally:
+        lock.release()
+        backend.close()
+    return kept
