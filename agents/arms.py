@@ -7,10 +7,10 @@ records in ``ARMS``. A new arm is a new module under ``agents/`` and one entry i
 
 from __future__ import annotations
 
-from agents import insights, lats, plan_execute, react
+from agents import insights, lats, plan_execute, react, retrieval
 from agents.arm import Arm
 
-_MODULES = (react, plan_execute, lats, insights)  # the order of the --agent choices
+_MODULES = (react, plan_execute, lats, insights, retrieval)  # the order of the --agent choices
 _ARMS: dict[str, Arm] = {}
 
 

@@ -14,6 +14,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from agents.llm.markers import TASK_LINE
 from agents.prompting import render_transcript
 
 SCOPES = ("type", "similar", "all")
@@ -23,7 +24,6 @@ FAMILIES = (
     frozenset({"clean", "heat", "cool"}),
     frozenset({"examine"}),
 )
-TASK_LINE = "Your task is to:"
 
 
 def in_scope(scope: str, own: str, other: str) -> bool:

@@ -198,7 +198,7 @@ async def extract(
 class Insights(ReflexionWindow):
     """Reflexion, with the rules in scope above the prompt."""
 
-    uses_experience = True  # a run of this arm needs experience_from (the runner checks)
+    uses_experience = "rules"  # a run of this arm needs experience_from, with its rules
 
     def recall(
         self, settings: ReflexionSettings, past: PastTrials, task: str, trial: int

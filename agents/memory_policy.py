@@ -11,7 +11,7 @@ it and never tests an arm's name.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -36,7 +36,9 @@ class Recall:
     reflections: tuple[Reflection, ...] = ()
     facts: tuple[ExplorationFact, ...] = ()
     preamble: str = ""  # shown at the top of the prompt (rules learned on other tasks)
-    examples: tuple[str, ...] = ()  # transcripts shown in place of the few-shot examples
+    # the transcripts shown in place of the few-shot examples, from the episode's first
+    # observation (its task), when they depend on it
+    examples_for: Callable[[str], tuple[str, ...]] | None = None
 
 
 @dataclass(frozen=True)

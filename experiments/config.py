@@ -435,8 +435,7 @@ class LatsConfig:
 
 @dataclass(frozen=True)
 class ExperienceConfig:
-    """Experience across tasks (agents insights, retrieve): what a gathering run learned on
-    other games, shown to each new task."""
+    """Experience of other games (agents insights, retrieve): a gathering run's rules, trajectories."""
 
     experience_from: str | None = option(
         None, "run directory of the gathering run whose experience is shown (rules, trajectories)"

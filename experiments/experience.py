@@ -23,6 +23,7 @@ from agents.experience import Attempt, Experience, ExperienceSettings, Provenanc
 from agents.insights import extract
 from agents.llm import make_backend
 from agents.prompting import transcript_pairs
+from agents.retrieval import check_similarity
 from experiments.config import RunConfig
 from experiments.engine import ModelClient
 from experiments.errors import ConfigError, RunStoreError
@@ -87,9 +88,11 @@ def check_contamination(experience: Experience, split: str, games: dict[str, str
 
 def for_run(cfg: RunConfig, split: str, games: dict[str, str]) -> Experience | None:
     """The experience a run is shown, checked against its games; None when it uses none. An
-    arm that needs experience without ``experience_from`` is a ConfigError."""
+    arm that needs experience without ``experience_from`` is a ConfigError. An arm that shows
+    rules of a source not yet extracted extracts them first, with the run's reflector model
+    (the ``extract`` phase of a gather, extract, evaluate preset)."""
     source = cfg.experience.experience_from
-    needs = getattr(arms.get(cfg.protocol.agent).memory, "uses_experience", False)
+    needs = getattr(arms.get(cfg.protocol.agent).memory, "uses_experience", None)
     if source is None:
         if needs:
             raise ConfigError(
@@ -99,10 +102,20 @@ def for_run(cfg: RunConfig, split: str, games: dict[str, str]) -> Experience | N
         return None
     try:
         experience = load(source, settings_of(cfg))
+        check_contamination(experience, split, games)
+        if needs == "rules" and not has_rules(source):
+            extract_rules(source, cfg.models.reflector, cfg.models.reflect_max_tokens)
+            experience = load(source, settings_of(cfg))
     except RunStoreError as exc:
         raise ConfigError(f"--experience-from: {exc}") from None
-    check_contamination(experience, split, games)
+    check_similarity(experience.settings.similarity)
     return experience
+
+
+def has_rules(run_dir: str | Path) -> bool:
+    """Whether the rules of the run in ``run_dir`` were extracted (none may have been made)."""
+    with RunReader(run_dir) as store:
+        return store.get_meta(INSIGHTS_KEY) is not None
 
 
 def extract_rules(run_dir: str | Path, model: str, max_tokens: int = 256) -> dict[str, Any]:

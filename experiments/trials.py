@@ -236,19 +236,20 @@ class TrialLoop:
     def _new(self, task: Task, trial: int, escalate: Escalation | None = None) -> EpisodeSpec:
         settings = self.plan.reflexion
         shown = self.plan.memory.recall(settings, _Past(self, task), task.game, trial)
+
+        def prefix(examples: Sequence[str] = ()) -> str:
+            return reflexion.prompt_prefix(
+                settings, task.task_type, shown.reflections, shown.facts, shown.preamble, examples
+            )
+
+        examples_for = shown.examples_for
         return EpisodeSpec(
             episode_id=escalation_id(task.game) if escalate else episode_id(task.game, trial),
             game=task.game,
             task_type=task.task_type,
             trial=trial,
-            prefix=reflexion.prompt_prefix(
-                settings,
-                task.task_type,
-                shown.reflections,
-                shown.facts,
-                shown.preamble,
-                shown.examples,
-            ),  # fmt: skip
+            prefix=prefix(),
+            prefix_for=(lambda obs: prefix(examples_for(obs))) if examples_for else None,
             memory=shown.reflections,
             seed=episode_seed(settings.seed or 0, task.game, trial),
         )

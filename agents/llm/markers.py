@@ -36,4 +36,6 @@ def plan_items(action: str) -> list[str]:
 # (agents/prompts/rules_block.txt), and the line of a rule-extraction prompt that names the
 # task type of its attempts (agents/prompts/insights.txt).
 RULES_MARKER = "Rules learned on earlier tasks:"
+# What the game's first observation says the task is after (ALFWorld's wording).
+TASK_LINE = "Your task is to:"
 TASK_TYPE_LINE = "Task type: "

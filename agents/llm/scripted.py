@@ -21,8 +21,8 @@ the action (`` go to desk 1``); the actor parses the first line.
   :data:`agents.llm.markers.MEMORY_MARKER` in the prompt text only (no side channel for that).
 - ``scripted:ruled`` plays like the expert only when its prompt holds a learned rule naming its
   own task type (a line ``For <type> tasks`` in the block under
-  :data:`agents.llm.markers.RULES_MARKER`; the type is read from ``site.game``'s ALFWorld name),
-  and repeats ``look`` otherwise.
+  :data:`agents.llm.markers.RULES_MARKER`; the type is read from the task's description in the
+  prompt), and repeats ``look`` otherwise.
 - ``scripted:replay:<run dir>`` serves the outputs recorded in ``<run dir>/run.sqlite`` for
   (``site.game``, ``site.trial``, ``site.step``); reflections by (game, trial). See
   :func:`recorded_output` for the queries. A request with nothing recorded is a BackendError.
@@ -79,8 +79,13 @@ from agents.llm.base import (
 from agents.llm.common import rough_token_count, truncate_at_stop
 from agents.llm.ground_truth import NO_GROUND_TRUTH, GroundTruth
 from agents.llm.grounding import THINK, nearest_action
-from agents.llm.markers import MEMORY_MARKER, RULES_MARKER, TASK_TYPE_LINE, plan_items
-from envs.discovery import TASK_TYPES, task_type_from_name
+from agents.llm.markers import (
+    MEMORY_MARKER,
+    RULES_MARKER,
+    TASK_LINE,
+    TASK_TYPE_LINE,
+    plan_items,
+)
 
 REFUSED_ACTION = "examine the ceiling"  # not a command of any game: "Nothing happens."
 EXPERT_THOUGHT = (
@@ -257,13 +262,28 @@ def insights_answer(prompt: str) -> str:
     return f"ADD: {rule_for(task_type)}"
 
 
-def has_rule_for(prompt: str, game: str | None) -> bool:
-    """Whether the rules block of ``prompt`` names the task type of ``game``."""
-    long = next((t for part in str(game).split("/") if (t := task_type_from_name(part))), None)
-    if long is None or RULES_MARKER not in prompt:
+# ALFWorld's task descriptions by type ("put a hot apple in fridge", "heat some apple and put
+# it in fridge"): a word that names the type, checked in this order; otherwise ``put``
+_TYPE_WORDS = (
+    ("puttwo", ("two",)), ("examine", ("desklamp", "examine", "look")), ("heat", ("hot", "heat")),
+    ("cool", ("cool", "cold")), ("clean", ("clean",)),
+)  # fmt: skip
+
+
+def task_type_of(prompt: str) -> str:
+    """The task type of the prompt's task (its last ``Your task is to:`` line), as a reader of
+    the text would tell it."""
+    _, _, rest = prompt.rpartition(TASK_LINE)
+    words = set(rest.split("\n", 1)[0].lower().replace(".", " ").split())
+    return next((t for t, names in _TYPE_WORDS if words & set(names)), "put")
+
+
+def has_rule_for(prompt: str) -> bool:
+    """Whether the rules block of ``prompt`` names the task type of its task."""
+    if RULES_MARKER not in prompt:
         return False
     block = prompt.split(RULES_MARKER, 1)[1].split("\n\n", 1)[0]
-    return f"For {TASK_TYPES[long]} tasks" in block
+    return f"For {task_type_of(prompt)} tasks" in block
 
 
 def _pick(answer: str, constraint: ActionConstraint) -> str:
@@ -382,7 +402,7 @@ class ScriptedBackend:
             )
         if self.policy == "learner" and MEMORY_MARKER not in _prompt_text(request):
             return LEARNER_REPEAT
-        if self.policy == "ruled" and not has_rule_for(_prompt_text(request), site.game):
+        if self.policy == "ruled" and not has_rule_for(_prompt_text(request)):
             return LEARNER_REPEAT
         if self.policy == "replanner":
             return follow_plan(site.history)
