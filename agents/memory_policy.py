@@ -7,6 +7,10 @@ it and never tests an arm's name.
 - :data:`EXPLORATION`: as :data:`REFLEXION`, plus what earlier trials saw in each place.
 - :data:`EPISODIC`: the failed trajectory itself, trimmed (``epm``: no model call); the last Ω
   are shown.
+
+Policies that also show experience of other games (``PastTrials.experience``) live with their
+arms: :mod:`agents.insights` (rules above the prompt), :mod:`agents.retrieval` (retrieved
+examples).
 """
 
 from __future__ import annotations

@@ -122,10 +122,11 @@ def extract_rules(run_dir: str | Path, model: str, max_tokens: int = 256) -> dic
     """Extract the rules of the gathering run in ``run_dir`` with ``model`` (a model spec) and
     keep them, with every call, in its store (meta ``insights``); returns what was kept."""
     experience = load(run_dir)
-    backend = make_backend(model)
     lock = DirLock(Path(run_dir), LOCK_NAME)
     lock.acquire(what="a rule extraction")
+    backend = None
     try:
+        backend = make_backend(model)
         client = ModelClient(backend, max_in_flight=1)
         try:
             rules, steps = asyncio.run(extract(client, experience.attempts, max_tokens=max_tokens))
@@ -145,5 +146,58 @@ def extract_rules(run_dir: str | Path, model: str, max_tokens: int = 256) -> dic
             store.close()
     finally:
         lock.release()
-        backend.close()
+        if backend is not None:
+            backend.close()
     return kept
+
+
+def _success_by_type(run_dir: str | Path) -> dict[str, dict[str, float]]:
+    """Per task type: the share of games won at trial 0, and by the last trial."""
+    with RunReader(run_dir) as store:
+        episodes = store.episodes()
+    out: dict[str, dict[str, float]] = {}
+    for task_type in sorted({e.task_type for e in episodes}):
+        games = {e.game for e in episodes if e.task_type == task_type}
+        first = {e.game for e in episodes if e.task_type == task_type and e.trial == 0 and e.won}
+        won = {e.game for e in episodes if e.task_type == task_type and e.won}
+        out[task_type] = {"games": len(games), "trial0": len(first) / len(games)}
+        out[task_type]["final"] = len(won) / len(games)
+    return out
+
+
+def summary(run_dir: str | Path, baseline: str | Path | None = None) -> dict[str, Any]:
+    """What experience did in a run: the rule list's growth per extraction step (a gathering
+    run), the rules and retrieved games each episode was shown (a run that used experience),
+    and success per task type, beside ``baseline``'s (a run on the same games without it)."""
+    with RunReader(run_dir) as store:
+        manifest = store.get_meta("manifest") or {}
+        episodes = store.episodes()
+        kept = store.get_meta(INSIGHTS_KEY)
+    out: dict[str, Any] = {"run": str(run_dir)}
+    if kept is not None:
+        out["rule_growth"] = [
+            {"step": i, "task_type": s["task_type"], "games": s["games"],
+             "applied": s["applied"], "ignored": s["ignored"], "rules_after": s["rules_after"]}
+            for i, s in enumerate(kept["steps"])
+        ]  # fmt: skip
+    used = manifest.get("experience")
+    if used is not None:
+        source = load(used["run"])
+        out["experience"] = used
+        out["episodes"] = [
+            {
+                "episode": e.episode_id,
+                "task_type": e.task_type,
+                "won": e.won,
+                "rules": [r.text for r in source.rules if f"- {r.text}\n" in e.prompt_prefix],
+                "retrieved": [
+                    a.game for a in source.attempts if a.won and a.text() in e.prompt_prefix
+                ],
+            }
+            for e in episodes
+        ]
+    out["success_by_type"] = _success_by_type(run_dir)
+    if baseline is not None:
+        out["baseline"] = str(baseline)
+        out["baseline_success_by_type"] = _success_by_type(baseline)
+    return out

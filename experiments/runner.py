@@ -432,9 +432,10 @@ def prepare(
     check_prompts_file(cfg, games)  # the prompt files: one-line errors before anything
     _instruction(cfg)
     code_prompts(cfg)
-    shown = experience_for(
-        cfg, cfg.gameset.split, {g: _file_hash(p) for g, p in games.files.items()}
+    hashes = (
+        {g: _file_hash(p) for g, p in games.files.items()} if cfg.experience.experience_from else {}
     )
+    shown = experience_for(cfg, cfg.gameset.split, hashes)  # refused here: nothing written yet
     if resume:
         run_dir = Path(resume)
     elif cfg.execution.run_dir:

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from agents.experience import Attempt, Rule
+from agents.experience import Attempt, ExperienceSettings, Rule
 from agents.insights import apply_ops, parse_ops
 from agents.llm.markers import RULES_MARKER
 from envs.alfgen import generate
 from experiments.cli import main
-from experiments.experience import extract_rules, load
+from experiments.experience import extract_rules, load, summary
 from experiments.runner import run
 from experiments.store import RunReader
 from tests.gameruns import game_run
@@ -86,28 +87,25 @@ def test_gathering_gives_a_rule_per_gathered_type_and_keeps_its_calls(gathered: 
     assert load(gathered).rules == tuple(Rule.from_json(r) for r in kept["rules"])
 
 
-@pytest.mark.parametrize("scope", ["type", "all"])
 def test_rules_raise_trial0_success_to_the_share_of_ruled_types(
-    gathered: Path, generated_games: Path, tmp_path: Path, scope: str
+    gathered: Path, generated_games: Path, tmp_path: Path
 ) -> None:
     """scripted:ruled wins only with a rule naming its type in its prompt: without experience
-    it solves nothing; with it, exactly the games whose type got a rule (3 of 6)."""
+    it solves nothing; with it, exactly the games whose type got a rule (3 of 6). With scope
+    type, no prompt shows another type's rule."""
     base = game_run(generated_games, tmp_path, "react", "react", model="scripted:ruled")
     run(base)
     assert trial0_success(tmp_path / "react") == 0.0
     cfg = game_run(
         generated_games, tmp_path, "insights", "insights", model="scripted:ruled",
-        experience_from=str(gathered), experience_scope=scope,
+        experience_from=str(gathered), experience_scope="type",
     )  # fmt: skip
     run(cfg)
     assert trial0_success(tmp_path / "insights") == len(GATHER_TYPES) / len(ALL_TYPES)
     for (_, task_type), prefix in prefixes(tmp_path / "insights").items():
         block = prefix.split("\n\n", 1)[0] if prefix.startswith(RULES_MARKER) else ""
         shown = {t for t in ALL_TYPES if f"For {t} tasks" in block}
-        if scope == "type":  # only its own type's rule, if it got one
-            assert shown == ({task_type} & set(GATHER_TYPES))
-        else:
-            assert shown == set(GATHER_TYPES)
+        assert shown == ({task_type} & set(GATHER_TYPES))  # its own type's rule, if it got one
     with RunReader(tmp_path / "insights") as store:
         manifest = store.get_meta("manifest")
     assert manifest["experience"] == {
@@ -115,6 +113,30 @@ def test_rules_raise_trial0_success_to_the_share_of_ruled_types(
         "split": "train",
         "digest": load(gathered).provenance.digest,
     }
+    seen = summary(tmp_path / "insights", baseline=tmp_path / "react")
+    assert {t: s["trial0"] for t, s in seen["success_by_type"].items()} == {
+        t: float(t in GATHER_TYPES) for t in ALL_TYPES
+    }
+    assert {s["trial0"] for s in seen["baseline_success_by_type"].values()} == {0.0}
+    for episode in seen["episodes"]:
+        assert len(episode["rules"]) == (episode["task_type"] in GATHER_TYPES)
+    growth = summary(gathered)["rule_growth"]
+    assert [(g["task_type"], g["rules_after"]) for g in growth] == [
+        ("clean", 1), ("heat", 2), ("put", 3),
+    ]  # fmt: skip
+
+
+def test_scope_says_whose_rules_a_task_sees(gathered: Path) -> None:
+    rules = load(gathered).rules
+    for scope, heat_sees in (
+        ("type", {"heat"}),
+        ("similar", {"heat", "clean"}),
+        ("all", set(GATHER_TYPES)),
+    ):
+        shown = replace(load(gathered), settings=ExperienceSettings(scope=scope)).rules_for("heat")
+        assert {r.task_type for r in shown} == heat_sees, scope
+    floor = replace(load(gathered), settings=ExperienceSettings(scope="all", vote_floor=2))
+    assert floor.rules_for("heat") == () and len(rules) == 3  # every rule has one vote
 
 
 def test_a_run_on_the_gathered_games_is_refused(
@@ -252,3 +274,12 @@ def test_the_phases_run_end_to_end_with_a_scripted_model(
     assert prefix.startswith(RULES_MARKER) and "For heat tasks" in prefix
     with RunReader(out / "insights") as store:
         assert store.get_meta("manifest")["experience"]["run"] == str(out / "gather")
+
+
+def test_the_experience_command_prints_rule_growth(
+    gathered: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["experience", str(gathered)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [g["rules_after"] for g in out["rule_growth"]] == [1, 2, 3]
+    assert set(out["success_by_type"]) == set(GATHER_TYPES)
