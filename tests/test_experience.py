@@ -139,19 +139,27 @@ def test_scope_says_whose_rules_a_task_sees(gathered: Path) -> None:
     assert floor.rules_for("heat") == () and len(rules) == 3  # every rule has one vote
 
 
+def refused(capsys: pytest.CaptureFixture[str], data: Path, split: str, *flags: str) -> str:
+    """The one error line of an insights run on ``data`` that exits 2 (a run dir it never
+    writes: ``flags`` give it)."""
+    code = main([
+        "run", "--data", str(data), "--split", split, "--agent", "insights",
+        "--model", "scripted:ruled", *flags,
+    ])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    return err[0]
+
+
 def test_a_run_on_the_gathered_games_is_refused(
     gathered: Path, train_games: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Its own games' episodes (same split, same files): exit 2, one line naming the source,
-    nothing written."""
+    """Its own games' episodes (same split, same files): one line naming the source, nothing
+    written."""
     run_dir = tmp_path / "leak"
-    code = main([
-        "run", "--data", str(train_games), "--split", "train", "--agent", "insights",
-        "--model", "scripted:ruled", "--experience-from", str(gathered), "--run-dir", str(run_dir),
-    ])  # fmt: skip
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2
-    assert len(err) == 1 and str(gathered) in err[0] and "train" in err[0]
+    flags = ("--experience-from", str(gathered), "--run-dir", str(run_dir))
+    line = refused(capsys, train_games, "train", *flags)
+    assert str(gathered) in line and "train" in line
     assert not run_dir.exists()
 
 
@@ -162,25 +170,19 @@ def test_the_same_game_files_in_another_split_are_refused(
     data = tmp_path / "data"
     shutil.copytree(train_games / "json_2.1.1" / "train", data / "json_2.1.1" / "valid_unseen")
     run_dir = tmp_path / "copy"
-    code = main([
-        "run", "--data", str(data), "--split", "eval_out_of_distribution", "--agent", "insights",
-        "--model", "scripted:ruled", "--experience-from", str(gathered), "--run-dir", str(run_dir),
-    ])  # fmt: skip
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2
-    assert len(err) == 1 and str(gathered) in err[0] and "game(s) this run plays" in err[0]
+    flags = ("--experience-from", str(gathered), "--run-dir", str(run_dir))
+    line = refused(capsys, data, "eval_out_of_distribution", *flags)
+    assert str(gathered) in line and "game(s) this run plays" in line
     assert not run_dir.exists()
 
 
 def test_the_insights_arm_without_experience_is_refused(
     generated_games: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = main([
-        "run", "--data", str(generated_games), "--split", "eval_out_of_distribution",
-        "--agent", "insights", "--model", "scripted:ruled", "--run-dir", str(tmp_path / "x"),
-    ])  # fmt: skip
-    assert code == 2
-    assert "--experience-from" in capsys.readouterr().err
+    line = refused(
+        capsys, generated_games, "eval_out_of_distribution", "--run-dir", str(tmp_path / "x")
+    )
+    assert "--experience-from" in line
     assert not (tmp_path / "x").exists()
 
 
