@@ -93,11 +93,12 @@ def test_rules_raise_trial0_success_to_the_share_of_ruled_types(
     """scripted:ruled wins only with a rule naming its type in its prompt: without experience
     it solves nothing; with it, exactly the games whose type got a rule (3 of 6). With scope
     type, no prompt shows another type's rule."""
-    base = game_run(generated_games, tmp_path, "react", "react", model="scripted:ruled")
+    steps = {"model": "scripted:ruled", "max_steps": 10}  # its walkthroughs take 7 at most
+    base = game_run(generated_games, tmp_path, "react", "react", **steps)
     run(base)
     assert trial0_success(tmp_path / "react") == 0.0
     cfg = game_run(
-        generated_games, tmp_path, "insights", "insights", model="scripted:ruled",
+        generated_games, tmp_path, "insights", "insights", **steps,
         experience_from=str(gathered), experience_scope="type",
     )  # fmt: skip
     run(cfg)
