@@ -8,10 +8,10 @@ config section (:mod:`agents.options`), so its options are run flags and YAML ke
 
 from __future__ import annotations
 
-from agents import lats, options, plan_execute, react
+from agents import insights, lats, options, plan_execute, react, retrieval
 from agents.arm import Arm
 
-_MODULES = (react, plan_execute, lats)  # the order of the --agent choices
+_MODULES = (react, plan_execute, lats, insights, retrieval)  # the order of the --agent choices
 _ARMS: dict[str, Arm] = {}
 
 

@@ -15,7 +15,7 @@ the engine every in-flight episode's pending call without a lockstep tick.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -47,6 +47,8 @@ class EpisodeSpec:
     seed: int | None = 0  # the sampling seed of this episode's actor requests
     resume_steps: tuple[Step, ...] = ()
     resumed_observation: str | None = None  # the recorded first observation, when resumed
+    # the prefix from the first observation, when it depends on the task (set on first reset)
+    prefix_for: Callable[[str], str] | None = None
 
     @property
     def resumed(self) -> bool:

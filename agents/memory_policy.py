@@ -7,16 +7,21 @@ it and never tests an arm's name.
 - :data:`EXPLORATION`: as :data:`REFLEXION`, plus what earlier trials saw in each place.
 - :data:`EPISODIC`: the failed trajectory itself, trimmed (``epm``: no model call); the last Ω
   are shown.
+
+Policies that also show experience of other games (``PastTrials.experience``) live with their
+arms: :mod:`agents.insights` (rules above the prompt), :mod:`agents.retrieval` (retrieved
+examples).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from agents import reflexion_code as code
 from agents.episode import ModelPort
+from agents.experience import Experience
 from agents.reflexion import (
     Reflected,
     ReflexionSettings,
@@ -34,6 +39,10 @@ class Recall:
 
     reflections: tuple[Reflection, ...] = ()
     facts: tuple[ExplorationFact, ...] = ()
+    preamble: str = ""  # shown at the top of the prompt (rules learned on other tasks)
+    # the transcripts shown in place of the few-shot examples, from the episode's first
+    # observation (its task), when they depend on it
+    examples_for: Callable[[str], tuple[str, ...]] | None = None
 
 
 @dataclass(frozen=True)
@@ -48,7 +57,11 @@ class Failed:
 
 
 class PastTrials(Protocol):
-    """A task's earlier trials, as the trial loop reads them from the run store."""
+    """A task's earlier trials, as the trial loop reads them from the run store, and the
+    experience of other tasks the run was given (:mod:`agents.experience`)."""
+
+    task_type: str
+    experience: Experience | None
 
     def reflections(self) -> list[Reflection]:
         """The task's memory items, every trial's."""

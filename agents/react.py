@@ -243,14 +243,14 @@ class ReActAgent(Actor):
             ctx.record(step)
 
 
-def _build(ctx: ArmContext) -> ReActAgent:
+def build_react(ctx: ArmContext) -> ReActAgent:
     return ReActAgent(ctx.actor)
 
 
 # ReAct, alone or with memory between trials (the reflexion-code protocol plays the first two)
 ARMS = (
-    Arm("react", _build, NO_MEMORY, code_protocol=True),
-    Arm("reflexion", _build, REFLEXION, code_protocol=True),
-    Arm("reflexion+explore", _build, EXPLORATION),
-    Arm("epm", _build, EPISODIC),
+    Arm("react", build_react, NO_MEMORY, code_protocol=True),
+    Arm("reflexion", build_react, REFLEXION, code_protocol=True),
+    Arm("reflexion+explore", build_react, EXPLORATION),
+    Arm("epm", build_react, EPISODIC),
 )

@@ -119,14 +119,18 @@ def prompt_prefix(
     task_type: str,
     reflections: Sequence[Reflection] = (),
     facts: Sequence[ExplorationFact] = (),
+    preamble: str = "",
+    examples: Sequence[str] = (),
 ) -> str:
     """The actor's fixed prompt part: examples, then the memory shown (what the arm's memory
-    policy recalls: :mod:`agents.memory_policy`)."""
+    policy recalls: :mod:`agents.memory_policy`); ``preamble`` above it all and ``examples`` in
+    place of the packaged ones, when the policy recalls experience of other tasks."""
     if settings.code_protocol:
-        return code.actor_prefix(settings.code_files(), task_type, [r.text for r in reflections])
-    return actor_prefix(
-        example_texts(task_type, settings.prompts), reflections, facts, settings.instruction
-    )
+        body = code.actor_prefix(settings.code_files(), task_type, [r.text for r in reflections])
+    else:
+        shots = examples or example_texts(task_type, settings.prompts)
+        body = actor_prefix(shots, reflections, facts, settings.instruction)
+    return preamble + body
 
 
 def cap_text(text: str, max_chars: int | None) -> tuple[str, int | None]:

@@ -248,6 +248,21 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _extract(args: argparse.Namespace) -> int:
+    from experiments.experience import extract_rules
+
+    kept = extract_rules(args.run_dir, args.model)
+    print(f"{len(kept['rules'])} rule(s) from {len(kept['steps'])} call(s) kept in {args.run_dir}")
+    return 0
+
+
+def _experience(args: argparse.Namespace) -> int:
+    from experiments.experience import summary
+
+    print(json.dumps(summary(args.run_dir, args.baseline), indent=2))
+    return 0
+
+
 def _view(args: argparse.Namespace) -> int:
     from experiments.viewer import serve
 
@@ -301,6 +316,22 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("run_dirs", nargs="+")
     rep.add_argument("--out", help="output dir (default: FIRST_RUN_DIR/report)")
     rep.set_defaults(handler=_report)
+
+    ext = sub.add_parser(
+        "extract", help="make the rule list of a gathering run (kept in its store) with a model"
+    )
+    ext.add_argument("run_dir")
+    ext.add_argument("--model", required=True, help="model spec that writes the rules")
+    ext.set_defaults(handler=_extract)
+
+    xp = sub.add_parser(
+        "experience",
+        help="what experience did in a run: rule growth per extraction step, the rules and "
+        "retrieved games each episode saw, success per task type (beside --baseline's)",
+    )
+    xp.add_argument("run_dir")
+    xp.add_argument("--baseline", help="a run on the same games without experience")
+    xp.set_defaults(handler=_experience)
 
     view = sub.add_parser("view", help="serve the replay viewer on 127.0.0.1")
     view.add_argument("run_dir")

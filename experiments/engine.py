@@ -34,7 +34,7 @@ import traceback
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from agents.episode import Agent, EnvReply, EpisodeEnd, EpisodeSpec
 from agents.llm.base import (
@@ -223,6 +223,9 @@ class _Episode:
         reply = _reply(outcome)
         store = self.engine.store
         if not self.started:
+            if self.spec.prefix_for is not None:  # the prompt depends on the task: finish it
+                prefix = self.spec.prefix_for(reply.observation)
+                self.spec = replace(self.spec, prefix=prefix, prefix_for=None)
             self._begin(reply.observation, str(reply.info.get("task", "")))
         elif self.spec.resumed and self.resets == 0:
             store.mark_resimulated(self.spec.episode_id)

@@ -219,6 +219,8 @@ def job_config(
             values.pop("backend_options", None)  # e.g. llama.cpp threads, for a scripted model
     values.update({k: v for k, v in flags.items() if k != "run_dir"})
     values["run_dir"] = str(run_dir / job.name)
+    if values.get("experience_from") in {j.name for j in preset.jobs}:  # an earlier job's run
+        values["experience_from"] = str(run_dir / values["experience_from"])
     if values.get("serve") and "serve" not in flags and not _is_vllm(values.get("model")):
         values["serve"] = False  # e.g. --model scripted:expert on a served preset
     cfg = from_mapping(values, source=where)

@@ -11,10 +11,11 @@ import os
 import time
 from collections.abc import Callable
 from contextlib import ExitStack, closing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from agents.experience import Experience
 from agents.llm import make_backend
 from agents.llm.base import Backend
 from agents.llm.ground_truth import NO_GROUND_TRUTH, GroundTruth
@@ -121,6 +122,7 @@ class Plan:
     manifest: dict[str, Any]
     backends: Backends
     resumed: bool
+    experience: Experience | None = None  # other games' experience the run shows
 
 
 def _close_all(backends: list[Backend]) -> None:
@@ -269,7 +271,8 @@ def _trial_loop(
         escalate = clients["actor"]  # the same model again: its own client
     agent = build_agent(cfg, store, plan.games.ground_truth)
     return TrialLoop(
-        store, engine, agent, trial_plan_of(cfg), on_task_done=task_done,
+        store, engine, agent, replace(trial_plan_of(cfg), experience=plan.experience),
+        on_task_done=task_done,
         escalation=Escalation(cfg.safeguards.escalate_model, escalate)
         if escalate is not None and cfg.safeguards.escalate_model
         else None,

@@ -21,6 +21,8 @@ from contextlib import ExitStack, closing
 from pathlib import Path
 from typing import Any
 
+from agents.experience import Experience
+from agents.prompting import file_sha256
 from experiments.arming import (
     check_device_share,
     check_prompts_file,
@@ -31,6 +33,7 @@ from experiments.arming import (
 )
 from experiments.config import RunConfig, data_root
 from experiments.errors import RunStoreError
+from experiments.experience import for_run as experience_for
 from experiments.games import GameSet, select_games
 from experiments.lock import DirLock
 from experiments.manifest import build_manifest, manifest_differences, resumed_manifest
@@ -124,6 +127,7 @@ class RunSession:
         self.store: RunStore | None = None  # the one handle, from the lock until the end
         self._recorded: dict[str, Any] | None = None  # the manifest a resume found
         self._games: GameSet | None = None
+        self.experience: Experience | None = None  # other games' experience the run shows
         self._checked = False
 
     @classmethod
@@ -156,6 +160,9 @@ class RunSession:
         instruction(cfg)
         code_prompts(cfg)
         check_device_share(cfg)
+        hashes = {g: file_sha256(p) for g, p in self.games.files.items()}
+        # other games' experience: a source that would leak into these games is refused here
+        self.experience = experience_for(cfg, cfg.gameset.split, hashes)
         if not self.resume:
             self.lock.refuse_if_held("a run")
             refuse_existing(self.run_dir)
@@ -208,6 +215,8 @@ class RunSession:
             cfg, self.games, backends.actor, backends.reflector, data_root(cfg),
             prompt_file_hashes(cfg), generation_config(cfg),
         )  # fmt: skip
+        if self.experience is not None:  # the experience the run shows: its run and digest
+            manifest["experience"] = self.experience.provenance.to_json()
         old = self._recorded
         if old is not None:
             diffs = manifest_differences(old, manifest)
@@ -217,7 +226,9 @@ class RunSession:
                     f"({'; '.join(diffs[:3])}): resume with the same config, or pass --force"
                 )
             manifest = resumed_manifest(old, cfg, diffs)
-        return Plan(cfg, self.run_dir, self.games, manifest, backends, old is not None)
+        return Plan(
+            cfg, self.run_dir, self.games, manifest, backends, old is not None, self.experience
+        )
 
     # -- the model server ----------------------------------------------------------------------
     def _serve(self, stack: ExitStack) -> RunConfig:

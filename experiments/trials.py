@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from agents import reflexion
 from agents import reflexion_code as code
 from agents.episode import Agent, EpisodeSpec, episode_seed
+from agents.experience import Experience
 from agents.llm.base import BackendError, Completion, ModelRestarted, Request
 from agents.memory_policy import NO_MEMORY, Failed, MemoryPolicy
 from agents.reflexion import ReflexionSettings
@@ -70,6 +71,7 @@ class TrialPlan:
     memory: MemoryPolicy = NO_MEMORY
     llm_judge: bool = False  # the LLM evaluator arm: judge every finished episode
     safeguards: Safeguards = Safeguards()
+    experience: Experience | None = None  # other tasks' experience (agents.experience)
 
 
 class _TaskHalted(Exception):
@@ -234,14 +236,20 @@ class TrialLoop:
     def _new(self, task: Task, trial: int, escalate: Escalation | None = None) -> EpisodeSpec:
         settings = self.plan.reflexion
         shown = self.plan.memory.recall(settings, _Past(self, task), task.game, trial)
+
+        def prefix(examples: Sequence[str] = ()) -> str:
+            return reflexion.prompt_prefix(
+                settings, task.task_type, shown.reflections, shown.facts, shown.preamble, examples
+            )
+
+        examples_for = shown.examples_for
         return EpisodeSpec(
             episode_id=escalation_id(task.game) if escalate else episode_id(task.game, trial),
             game=task.game,
             task_type=task.task_type,
             trial=trial,
-            prefix=reflexion.prompt_prefix(
-                settings, task.task_type, shown.reflections, shown.facts
-            ),
+            prefix=prefix(),
+            prefix_for=(lambda obs: prefix(examples_for(obs))) if examples_for else None,
             memory=shown.reflections,
             seed=episode_seed(settings.seed or 0, task.game, trial),
         )
@@ -356,6 +364,8 @@ class _Past:
     def __init__(self, loop: TrialLoop, task: Task) -> None:
         self.loop = loop
         self.task = task
+        self.task_type = task.task_type
+        self.experience = loop.plan.experience
 
     def reflections(self) -> list[Reflection]:
         return self.loop.store.reflections(self.task.game)

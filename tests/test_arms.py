@@ -221,6 +221,8 @@ def test_builtin_arms_keep_their_order_and_memory() -> None:
         "lats+reflexion",
     )  # fmt: skip
     reflecting = {n for n in arms.names() if arms.get(n).memory.reflects}
-    assert reflecting == {"reflexion", "reflexion+explore", "plan+reflexion", "lats+reflexion"}
+    assert reflecting == {
+        "reflexion", "reflexion+explore", "plan+reflexion", "lats+reflexion", "insights", "retrieve",
+    }  # fmt: skip
     with pytest.raises(ValueError, match="already registered"):
         arms.register(arms.get("react"))

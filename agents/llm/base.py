@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
-Purpose = Literal["act", "reflect", "judge", "plan", "value", "other"]
+Purpose = Literal["act", "reflect", "judge", "plan", "value", "insights", "other"]
 
 
 @dataclass(frozen=True)

@@ -30,3 +30,12 @@ def plan_items(action: str) -> list[str]:
                 return []
             return [_RENDERED_ITEM.sub("", part).strip() for part in body.split("; ")]
     return []
+
+
+# The first line of the block of learned rules at the top of an actor prompt
+# (agents/prompts/rules_block.txt), and the line of a rule-extraction prompt that names the
+# task type of its attempts (agents/prompts/insights.txt).
+RULES_MARKER = "Rules learned on earlier tasks:"
+# What the game's first observation says the task is after (ALFWorld's wording).
+TASK_LINE = "Your task is to:"
+TASK_TYPE_LINE = "Task type: "

@@ -19,6 +19,10 @@ the action (`` go to desk 1``); the actor parses the first line.
 - ``scripted:learner`` fails a task's first attempt by repeating ``look``, and plays like the
   expert once its prompt holds a memory block: it looks for
   :data:`agents.llm.markers.MEMORY_MARKER` in the prompt text only (no side channel for that).
+- ``scripted:ruled`` plays like the expert only when its prompt holds a learned rule naming its
+  own task type (a line ``For <type> tasks`` in the block under
+  :data:`agents.llm.markers.RULES_MARKER`; the type is read from the task's description in the
+  prompt), and repeats ``look`` otherwise.
 - ``scripted:replay:<run dir>`` serves the outputs recorded in ``<run dir>/run.sqlite`` for
   (``site.game``, ``site.trial``, ``site.step``); reflections by (game, trial). See
   :func:`recorded_output` for the queries. A request with nothing recorded is a BackendError.
@@ -30,6 +34,10 @@ the action (`` go to desk 1``); the actor parses the first line.
 - ``scripted:deadend`` proposes, at the first step, a dead end first (a ``go to`` elsewhere than
   the walkthrough's first action; the majority of ``n`` samples), and the walkthrough action in
   the other samples; inside the dead end it repeats ``look``; elsewhere it plays the expert.
+
+Rule extraction (``purpose="insights"``): every policy but replay agrees with the first rule
+shown (``AGREE 1``) when the prompt numbers one, else adds ``ADD: For <type> tasks, ...`` for
+the type on its :data:`agents.llm.markers.TASK_TYPE_LINE` line.
 
 Plans (``purpose="plan"``): the expert's, the learner's and the random policy's plan is the
 walkthrough, numbered; a replan is the part of it not yet done (walkthrough actions matched in
@@ -71,7 +79,13 @@ from agents.llm.base import (
 from agents.llm.common import rough_token_count, truncate_at_stop
 from agents.llm.ground_truth import NO_GROUND_TRUTH, GroundTruth
 from agents.llm.grounding import THINK, nearest_action
-from agents.llm.markers import MEMORY_MARKER, plan_items
+from agents.llm.markers import (
+    MEMORY_MARKER,
+    RULES_MARKER,
+    TASK_LINE,
+    TASK_TYPE_LINE,
+    plan_items,
+)
 
 REFUSED_ACTION = "examine the ceiling"  # not a command of any game: "Nothing happens."
 EXPERT_THOUGHT = (
@@ -79,7 +93,7 @@ EXPERT_THOUGHT = (
     "and then put it in place."
 )
 FALLBACK_ACTION = "look"
-POLICIES = ("expert", "random", "learner", "replanner", "deadend", "replay")
+POLICIES = ("expert", "random", "learner", "replanner", "deadend", "ruled", "replay")
 LEARNER_REPEAT = "look"
 
 
@@ -234,6 +248,44 @@ def recorded_output(
     return None if row is None else str(row[0])
 
 
+def rule_for(task_type: str) -> str:
+    """The rule the scripted policies write for a task type (the one ``ruled`` looks for)."""
+    return f"For {task_type} tasks, find the object first, act on it, then put it in place."
+
+
+def insights_answer(prompt: str) -> str:
+    """The scripted answer to a rule-extraction prompt (module docstring)."""
+    if "\n1. " in prompt:
+        return "AGREE 1"
+    _, found, rest = prompt.partition(TASK_TYPE_LINE)
+    task_type = rest.split("\n", 1)[0].strip() if found else "these"
+    return f"ADD: {rule_for(task_type)}"
+
+
+# ALFWorld's task descriptions by type ("put a hot apple in fridge", "heat some apple and put
+# it in fridge"): a word that names the type, checked in this order; otherwise ``put``
+_TYPE_WORDS = (
+    ("puttwo", ("two",)), ("examine", ("desklamp", "examine", "look")), ("heat", ("hot", "heat")),
+    ("cool", ("cool", "cold")), ("clean", ("clean",)),
+)  # fmt: skip
+
+
+def task_type_of(prompt: str) -> str:
+    """The task type of the prompt's task (its last ``Your task is to:`` line), as a reader of
+    the text would tell it."""
+    _, _, rest = prompt.rpartition(TASK_LINE)
+    words = set(rest.split("\n", 1)[0].lower().replace(".", " ").split())
+    return next((t for t, names in _TYPE_WORDS if words & set(names)), "put")
+
+
+def has_rule_for(prompt: str) -> bool:
+    """Whether the rules block of ``prompt`` names the task type of its task."""
+    if RULES_MARKER not in prompt:
+        return False
+    block = prompt.split(RULES_MARKER, 1)[1].split("\n\n", 1)[0]
+    return f"For {task_type_of(prompt)} tasks" in block
+
+
 def _pick(answer: str, constraint: ActionConstraint) -> str:
     """The policy's command if the constraint allows it, else the nearest allowed one."""
     answer = answer.strip()
@@ -335,6 +387,8 @@ class ScriptedBackend:
             if site.reflection_format == "critique" and self.policy == "expert":
                 return critique_json(self._walkthrough(site), site.history)
             return plan_text(self._walkthrough(site))
+        if request.purpose == "insights":
+            return insights_answer(_prompt_text(request))
         if request.purpose == "judge":
             wt = self._walkthrough(site)
             acts = _acts(site.history)
@@ -347,6 +401,8 @@ class ScriptedBackend:
                 site, request.config.seed, sample if n > 1 else None, actions or None
             )
         if self.policy == "learner" and MEMORY_MARKER not in _prompt_text(request):
+            return LEARNER_REPEAT
+        if self.policy == "ruled" and not has_rule_for(_prompt_text(request)):
             return LEARNER_REPEAT
         if self.policy == "replanner":
             return follow_plan(site.history)

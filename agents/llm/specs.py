@@ -10,7 +10,7 @@
 ``embedded[:gemma3-270m|smollm2-135m]`` llama.cpp with a GGUF installed from PyPI (default
                                         gemma3-270m): works after ``pip install`` alone
 ``scripted:<policy>``                   no model: expert, random, learner, replanner, deadend,
-                                        replay:<run dir>
+                                        ruled, replay:<run dir>
 =====================================  ===================================================
 
 Options (``base_url=``, ``concurrency=``, ...) are keyword arguments of :func:`make_backend`;
@@ -41,7 +41,7 @@ PREFIXES: tuple[str, ...] = (
 EMBEDDED_MODELS: tuple[str, ...] = ("gemma3-270m", "smollm2-135m")
 DEFAULT_EMBEDDED = "gemma3-270m"
 SCRIPTED_POLICIES: tuple[str, ...] = (
-    "expert", "random", "learner", "replanner", "deadend", "replay",
+    "expert", "random", "learner", "replanner", "deadend", "ruled", "replay",
 )  # fmt: skip
 
 _USAGE = (
@@ -86,7 +86,7 @@ def parse_spec(spec: str) -> ModelSpec:
         if policy not in SCRIPTED_POLICIES:
             raise SpecError(
                 f"unknown scripted policy {policy!r}; choose one of "
-                "expert, random, learner, replanner, deadend, replay:<run dir>"
+                "expert, random, learner, replanner, deadend, ruled, replay:<run dir>"
             )
         if policy == "replay" and not rest:
             raise SpecError("scripted:replay needs a run directory: scripted:replay:<run dir>")
