@@ -94,8 +94,7 @@ class Provenance:
 
 @dataclass(frozen=True)
 class ExperienceConfig:
-    """Experience of other games (agents insights, retrieve): a gathering run's rules and
-    trajectories, and how they are shown (the run's ``experience`` section)."""
+    """Experience of other games (agents insights, retrieve): a gathering run's rules, trajectories."""
 
     experience_from: str | None = option(
         None, "run directory of the gathering run whose experience is shown (rules, trajectories)"

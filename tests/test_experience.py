@@ -16,7 +16,7 @@ from agents.llm.markers import RULES_MARKER
 from envs.alfgen import generate
 from experiments.cli import main
 from experiments.experience import extract_rules, load, summary
-from experiments.runner import run
+from experiments.session import run
 from experiments.store import RunReader
 from tests.gameruns import game_run
 
@@ -237,10 +237,10 @@ PHASE_JOBS = ["gather", "insights", "retrieve", "insights-reflexion", "react", "
 def test_the_phases_preset_dry_run_lists_its_jobs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import experiments.runner as runner
+    import experiments.games as games
 
     monkeypatch.delenv("ALFWORLD_DATA", raising=False)
-    monkeypatch.setattr(runner, "DEFAULT_GAMES", tmp_path / "games")
+    monkeypatch.setattr(games, "DEFAULT_GAMES", tmp_path / "games")
     assert main(["run", "--config", "experience", "--dry-run", "--run-dir", str(tmp_path)]) == 0
     plan = json.loads(capsys.readouterr().out)
     jobs = {j["job"]: j for j in plan["jobs"]}
