@@ -15,11 +15,12 @@ the engine every in-flight episode's pending call without a lockstep tick.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 from agents.llm.base import Completion, Request
+from envs.pool import EnvReply
 from memory.records import Reflection, Step
 
 
@@ -55,25 +56,6 @@ class EpisodeSpec:
     def replay_actions(self) -> tuple[str, ...]:
         """The env actions of the recorded steps (thoughts and invalid outputs never reach it)."""
         return tuple(s.action for s in self.resume_steps if s.kind == "act")
-
-
-@dataclass(frozen=True)
-class EnvReply:
-    """What the game answered to a reset or a step."""
-
-    observation: str
-    reward: float = 0.0
-    terminated: bool = False
-    truncated: bool = False
-    info: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def won(self) -> bool:
-        return bool(self.terminated and self.info.get("won"))
-
-    @property
-    def admissible(self) -> tuple[str, ...]:
-        return tuple(self.info.get("admissible_commands") or ())
 
 
 @dataclass(frozen=True)

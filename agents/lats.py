@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from agents.arm import Arm, ArmContext, SearchLog
-from agents.episode import EnvReply, EpisodeContext, EpisodeEnd
+from agents.episode import EpisodeContext, EpisodeEnd
 from agents.evaluators import classify_failure
 from agents.llm.base import Completion, Request
 from agents.llm.ground_truth import NO_GROUND_TRUTH, GroundTruth
@@ -57,6 +57,7 @@ from agents.react import (
 )
 from agents.reflexion import ReflexionSettings, reflect
 from agents.values import Candidate, NodeView, ValueFunction, make_value
+from envs.pool import EnvReply
 from memory.records import (
     Reflection,
     SearchEnd,

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agents.arm import Arm, ArmContext
-from agents.episode import EnvReply, EpisodeContext, EpisodeEnd
+from agents.episode import EpisodeContext, EpisodeEnd
 from agents.evaluators import count_actions
 from agents.llm.base import CallSite, Completion, GenerationConfig, Request
 from agents.llm.markers import NO_PLAN, PLAN_PREFIX, REPLAN_PREFIX, render_plan
@@ -28,6 +28,7 @@ from agents.memory_policy import NO_MEMORY, REFLEXION
 from agents.parsing import ParsedAction
 from agents.prompting import example_texts, render_transcript, template, transcript_pairs
 from agents.react import NOTHING_HAPPENS, THOUGHT_OBSERVATION, Actor, ActorSettings, make_step
+from envs.pool import EnvReply
 from memory.records import FailureClass, Step, StepKind
 
 PLAN_STOPS = ("\n\n",)

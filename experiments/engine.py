@@ -29,10 +29,10 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from agents.episode import Agent, EnvReply, EpisodeEnd, EpisodeSpec
+from agents.episode import Agent, EpisodeEnd, EpisodeSpec
 from agents.llm.base import OVERSIZED, AsyncBackend, Backend, BackendError, Completion, Request
 from envs.aio import AsyncEnvPool
-from envs.pool import Reset, StepResult, WorkerCrashed
+from envs.pool import EnvReply, Reset, WorkerCrashed
 from experiments.store import RunStore
 from memory.records import EpisodeStatus, FailureClass, ModelCall, Step
 
@@ -157,12 +157,6 @@ class Usage:
 
 
 # -- one episode ------------------------------------------------------------------------------------
-def _reply(outcome: StepResult) -> EnvReply:
-    return EnvReply(
-        outcome.observation, outcome.reward, outcome.terminated, outcome.truncated, outcome.info
-    )
-
-
 class _Episode:
     """The context an agent plays one episode through (agents.episode.EpisodeContext)."""
 
@@ -176,7 +170,6 @@ class _Episode:
         self.started = spec.resumed  # its row exists already
         self.resets = 0
         self.admitted = False  # holds one of the engine's places among the episodes that play
-        self._actions: list[str] = []  # env actions since the last reset, for re-simulation
 
     # -- env ------------------------------------------------------------------------------------
     async def reset(self, replay: Sequence[str] = ()) -> EnvReply:
@@ -187,11 +180,9 @@ class _Episode:
             outcome = await self.engine.envs.call(self.slot, call)
         if isinstance(outcome, Exception):
             raise EnvFailure(f"reset failed: {type(outcome).__name__}: {outcome}")
-        self._actions = list(replay)
-        reply = _reply(outcome)
         store = self.engine.store
         if not self.started:
-            self._begin(reply.observation, str(reply.info.get("task", "")))
+            self._begin(outcome.observation, str(outcome.info.get("task", "")))
         elif self.spec.resumed and self.resets == 0:
             store.mark_resimulated(self.spec.episode_id)
             store.log_event(
@@ -201,7 +192,7 @@ class _Episode:
             )
         self.resets += 1
         await self._admit()  # reset ahead of its turn: now wait for a place to play in
-        return reply
+        return outcome
 
     async def _admit(self) -> None:
         if not self.admitted:
@@ -232,15 +223,14 @@ class _Episode:
             # re-simulate the episode on a fresh worker, then retry the action in flight
             store = self.engine.store
             store.log_event("worker_crash", outcome.reason, self.spec.episode_id)
-            replayed = await envs.call(self.slot, Reset(self.spec.game, None, tuple(self._actions)))
+            replayed = await envs.call(self.slot, Reset(self.spec.game, None, outcome.actions))
             if isinstance(replayed, Exception):
                 raise EnvFailure(f"env error: {type(replayed).__name__}: {replayed}")
             store.mark_resimulated(self.spec.episode_id)
             outcome = await envs.call(self.slot, action)
         if isinstance(outcome, Exception):
             raise EnvFailure(f"env error: {type(outcome).__name__}: {outcome}")
-        self._actions.append(action)
-        return _reply(outcome)
+        return outcome
 
     # -- model ----------------------------------------------------------------------------------
     async def generate(self, request: Request) -> Completion:

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 from gameruns import game_run
 
-from agents.episode import EnvReply
 from agents.llm.base import Completion, Request
 from agents.llm.ground_truth import GroundTruth, Walkthroughs
 from agents.llm.markers import MEMORY_MARKER
 from agents.oracle import oracle_distance
 from agents.values import Candidate, NodeView, make_value, parse_rating
+from envs.pool import EnvReply
 from experiments.config import RunConfig
 from experiments.report import summarize
 from experiments.runner import run

@@ -18,12 +18,13 @@ from typing import Any
 import pytest
 
 from agents import reflexion_code as code
-from agents.episode import EnvReply, EpisodeSpec
+from agents.episode import EpisodeSpec
 from agents.evaluators import CodeEvaluator
 from agents.llm.base import Completion, GenerationConfig, Request
 from agents.parsing import GroundingRules
 from agents.react import ActorSettings, ReActAgent
 from agents.reflexion import ReflexionSettings, prompt_prefix, reflect
+from envs.pool import EnvReply
 from experiments.config import RunConfig
 from experiments.errors import ConfigError
 from experiments.runner import code_prompts, prompt_file_hashes, run
