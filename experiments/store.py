@@ -100,7 +100,7 @@ _TABLES_V1 = (
     latency_s REAL NOT NULL,
     reward REAL NOT NULL,
     won INTEGER NOT NULL,
-    verdict TEXT,
+    verdict TEXT,                    -- unused (always NULL): an episode's verdict is on its row
     created_at REAL NOT NULL,
     PRIMARY KEY (episode_id, idx)
 )""",
@@ -285,7 +285,7 @@ _V1_READ_VIEWS = (
 
 STEP_COLUMNS = (
     "idx", "kind", "raw_output", "action", "observation", "admissible", "prompt_tokens",
-    "completion_tokens", "cached_tokens", "latency_s", "reward", "won", "verdict",
+    "completion_tokens", "cached_tokens", "latency_s", "reward", "won",
 )  # fmt: skip
 
 _OUTCOME_COLUMNS = (
@@ -295,33 +295,6 @@ _OUTCOME_COLUMNS = (
 
 
 # -- records -------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class EpisodeRow:
-    """An episode with its prompt prefix and outcome (steps are read separately)."""
-
-    episode_id: str
-    game: str
-    task_type: str
-    trial: int
-    arm: str
-    status: EpisodeStatus
-    won: bool
-    failure_class: FailureClass | None
-    verdict: str | None
-    judge_verdict: str | None
-    judge_reason: str | None
-    error: str | None
-    prompt_prefix: str
-    observation: str
-    task: str
-    memory_json: str
-    attempts: int
-    resimulated: int
-    started_at: float
-    finished_at: float | None
-    seed: int | None = None  # the actor's sampling seed (None in stores older than v2)
-
-
 @dataclass(frozen=True)
 class Outcome:
     """An episode without its prompt and steps: what reports and the task list need."""
@@ -338,6 +311,22 @@ class Outcome:
     judge_verdict: str | None
     started_at: float
     finished_at: float | None
+
+
+@dataclass(frozen=True)
+class EpisodeRow(Outcome):
+    """An episode's outcome with its prompt prefix and the rest of its row (steps are read
+    separately)."""
+
+    judge_reason: str | None
+    error: str | None
+    prompt_prefix: str
+    observation: str
+    task: str
+    memory_json: str
+    attempts: int
+    resimulated: int
+    seed: int | None = None  # the actor's sampling seed (None in stores older than v2)
 
 
 @dataclass(frozen=True)
@@ -1264,12 +1253,6 @@ class RunStore(RunReader):
                 " error=NULL, finished_at=NULL, attempts=attempts+1 WHERE episode_id=?",
                 (EpisodeStatus.RUNNING.value, episode),
             )
-
-    def discard_episode(self, episode: str) -> None:
-        with self.transaction():
-            self._conn.execute("DELETE FROM steps WHERE episode_id=?", (episode,))
-            self._forget_search(episode)
-            self._conn.execute("DELETE FROM episodes WHERE episode_id=?", (episode,))
 
     def _forget_search(self, episode: str) -> None:
         for table in ("search_nodes", "search_iterations", "search_ends"):

@@ -7,7 +7,7 @@ always typed data and never text parsed back.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Self
 
@@ -64,7 +64,6 @@ class Step(_Record):
     latency_s: float = 0.0
     reward: float = 0.0
     won: bool = False
-    verdict: str | None = None  # evaluator verdict after this step, if it ended the episode
 
 
 @dataclass(frozen=True)
@@ -111,29 +110,6 @@ class ExplorationFact(_Record):
     def from_dict(cls, data: dict[str, Any]) -> Self:
         data = dict(data)
         data["contents"] = tuple(data.get("contents", ()))
-        return super().from_dict(data)
-
-
-@dataclass(frozen=True)
-class Episode(_Record):
-    """One trial of one task: the steps and the outcome."""
-
-    episode_id: str
-    game: str
-    task_type: str
-    trial: int
-    arm: str
-    won: bool = False
-    status: str = EpisodeStatus.DONE.value
-    failure_class: str | None = None
-    steps: tuple[Step, ...] = field(default_factory=tuple)
-    judge_verdict: str | None = None  # LLM evaluator's opinion, never the success metric
-    error: str | None = None
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Self:
-        data = dict(data)
-        data["steps"] = tuple(Step.from_dict(s) for s in data.get("steps", ()))
         return super().from_dict(data)
 
 

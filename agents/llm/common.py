@@ -115,16 +115,6 @@ def messages_as_dicts(messages: Sequence[Message]) -> list[dict[str, str]]:
     return [{"role": m.role, "content": m.content} for m in messages]
 
 
-def request_messages(
-    request: Request, chat_format: str, instruction: str = CONTINUE_INSTRUCTION
-) -> list[dict[str, str]]:
-    """The chat messages for a request: its own messages, or its prompt wrapped."""
-    if request.messages is not None:
-        return messages_as_dicts(request.messages)
-    assert request.prompt is not None
-    return prompt_as_messages(request.prompt, chat_format, instruction)
-
-
 def check_chat_format(value: Any, *, allow_raw: bool, backend: str) -> str:
     allowed = CHAT_FORMATS if allow_raw else tuple(f for f in CHAT_FORMATS if f != "raw")
     if value not in allowed:
