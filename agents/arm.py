@@ -12,8 +12,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from agents.evaluators import ACTOR_ENDS
 from agents.llm.ground_truth import NO_GROUND_TRUTH, GroundTruth
-from memory.records import SearchEnd, SearchIteration, SearchNode, SearchTree
+from memory.records import EndClass, SearchEnd, SearchIteration, SearchNode, SearchTree
 
 if TYPE_CHECKING:  # types only: the arm modules import this one
     from agents.episode import Agent
@@ -53,3 +54,4 @@ class Arm:
     build: Callable[[ArmContext], Agent]
     memory: MemoryPolicy
     code_protocol: bool = False  # the reflexion-code protocol plays it (the paper code's arms)
+    ends: tuple[EndClass, ...] = ACTOR_ENDS  # how its episodes can end unwon (reports count these)

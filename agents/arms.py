@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from agents import lats, plan_execute, react
 from agents.arm import Arm
+from agents.evaluators import ACTOR_ENDS
+from memory.records import EndClass
 
 _MODULES = (react, plan_execute, lats)  # the order of the --agent choices
 _ARMS: dict[str, Arm] = {}
@@ -34,6 +36,12 @@ def names() -> tuple[str, ...]:
 
 def find(name: str) -> Arm | None:
     return _ARMS.get(name)
+
+
+def ends(name: str) -> tuple[EndClass, ...]:
+    """How the arm's episodes can end unwon (an arm not registered here: an actor's ends)."""
+    arm = _ARMS.get(name)
+    return arm.ends if arm is not None else ACTOR_ENDS
 
 
 def get(name: str) -> Arm:

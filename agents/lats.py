@@ -41,7 +41,7 @@ from dataclasses import dataclass, field, replace
 
 from agents.arm import Arm, ArmContext, SearchLog
 from agents.episode import EpisodeContext, EpisodeEnd
-from agents.evaluators import classify_failure
+from agents.evaluators import ACTOR_ENDS, classify_failure
 from agents.llm.base import Completion, Request
 from agents.llm.ground_truth import NO_GROUND_TRUTH, GroundTruth
 from agents.memory_policy import NO_MEMORY, REFLEXION
@@ -59,6 +59,8 @@ from agents.reflexion import ReflexionSettings, reflect
 from agents.values import Candidate, NodeView, ValueFunction, make_value
 from envs.pool import EnvReply
 from memory.records import (
+    EndClass,
+    FailureClass,
     Reflection,
     SearchEnd,
     SearchIteration,
@@ -66,7 +68,20 @@ from memory.records import (
     SearchTree,
     Step,
     StepKind,
+    classify_end,
 )
+
+_SEARCH = "search: "  # how a search's end starts the episode's verdict
+# Why a search ends without a win (its verdict: "search: <words> (<the budget>)"), by class.
+_ENDS = {
+    FailureClass.SEARCH_ITERATIONS: "iteration budget",
+    FailureClass.SEARCH_NODES: "node budget",
+    FailureClass.SEARCH_ENV_STEPS: "env step budget",
+    FailureClass.SEARCH_TOKENS: "token budget",
+    FailureClass.SEARCH_TIME: "wall-time budget",
+    FailureClass.SEARCH_EXHAUSTED: "every branch failed",
+}
+SEARCH_ENDS = tuple(EndClass(c, f"{_SEARCH}{words}") for c, words in _ENDS.items())
 
 
 @dataclass(frozen=True)
@@ -208,14 +223,14 @@ class _Search:
         if tree is not None and tree.end is not None:
             return self._finish(self.nodes[tree.end.best_node], tree.end.reason, saved=True)
         won: Node | None = None
-        reason = f"iteration budget ({self.s.iterations})"
+        reason = f"{_ENDS[FailureClass.SEARCH_ITERATIONS]} ({self.s.iterations})"
         while won is None:
             stop = self._budget_spent()
             if stop is not None:
                 reason = stop
                 break
             if root.dead:
-                reason = "every branch failed"
+                reason = _ENDS[FailureClass.SEARCH_EXHAUSTED]
                 break
             won = await self._iterate(root)
         return self._finish(won or self._most_visited(root), "won" if won else reason)
@@ -287,17 +302,17 @@ class _Search:
     def _budget_spent(self) -> str | None:
         s = self.s
         if self.iteration >= s.iterations:
-            return f"iteration budget ({s.iterations})"
+            return f"{_ENDS[FailureClass.SEARCH_ITERATIONS]} ({s.iterations})"
         if s.max_nodes is not None and len(self.nodes) >= s.max_nodes:
-            return f"node budget ({s.max_nodes})"
+            return f"{_ENDS[FailureClass.SEARCH_NODES]} ({s.max_nodes})"
         spent = self.env_steps + self.replay_steps
         if s.max_env_steps is not None and spent >= s.max_env_steps:
-            return f"env step budget ({s.max_env_steps}, replays included)"
+            return f"{_ENDS[FailureClass.SEARCH_ENV_STEPS]} ({s.max_env_steps}, replays included)"
         if s.max_tokens is not None and self.tokens >= s.max_tokens:
-            return f"token budget ({s.max_tokens})"
+            return f"{_ENDS[FailureClass.SEARCH_TOKENS]} ({s.max_tokens})"
         elapsed = self.spent_s + time.monotonic() - self.started
         if s.max_seconds is not None and elapsed >= s.max_seconds:
-            return f"wall-time budget ({s.max_seconds:g} s)"
+            return f"{_ENDS[FailureClass.SEARCH_TIME]} ({s.max_seconds:g} s)"
         return None
 
     # -- env ---------------------------------------------------------------------------------
@@ -504,9 +519,10 @@ class _Search:
             return EpisodeEnd(won=True)
         end_here = self.agent.actor.check_end(steps, False) if steps else None
         if end_here is not None:
-            return replace(end_here, verdict=f"{end_here.verdict}; search: {reason}")
-        failure = classify_failure(steps, None, False)
-        return EpisodeEnd(won=False, failure_class=failure, verdict=f"search: {reason}")
+            return replace(end_here, verdict=f"{end_here.verdict}; {_SEARCH}{reason}")
+        verdict = f"{_SEARCH}{reason}"
+        failure = classify_end(classify_failure(steps, None, False), verdict, SEARCH_ENDS)
+        return EpisodeEnd(won=False, failure_class=failure.value, verdict=verdict)
 
 
 def _actions(node: Node) -> list[str]:
@@ -535,4 +551,7 @@ def _build(ctx: ArmContext) -> LatsAgent:
     return LatsAgent(settings, ctx.search_log, ctx.ground_truth)
 
 
-ARMS = (Arm("lats", _build, NO_MEMORY), Arm("lats+reflexion", _build, REFLEXION))
+ARMS = (
+    Arm("lats", _build, NO_MEMORY, ends=ACTOR_ENDS + SEARCH_ENDS),
+    Arm("lats+reflexion", _build, REFLEXION, ends=ACTOR_ENDS + SEARCH_ENDS),
+)

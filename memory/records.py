@@ -33,6 +33,38 @@ class FailureClass(StrEnum):
     INFRA_ERROR = "infra_error"  # the harness, not the agent
     OTHER = "other"
     OSCILLATING = "oscillating"  # repeated an earlier trial's actions exactly: not retried
+    # how a tree search (agents.lats) ended without a win
+    SEARCH_ITERATIONS = "search_iterations"  # its iteration budget was spent
+    SEARCH_NODES = "search_nodes"  # its node cap was reached
+    SEARCH_ENV_STEPS = "search_env_steps"  # its env step budget (replays included) was spent
+    SEARCH_TOKENS = "search_tokens"  # its token budget was spent
+    SEARCH_TIME = "search_time"  # its wall-time budget was spent
+    SEARCH_EXHAUSTED = "search_exhausted"  # every branch failed
+
+
+@dataclass(frozen=True)
+class EndClass:
+    """One way an arm's episodes can end unwon: its failure class and, for an end the agent
+    tells apart by its verdict, the words that verdict carries (``marker``)."""
+
+    failure_class: FailureClass
+    marker: str = ""
+
+
+def classify_end(
+    failure_class: str | None, verdict: str | None, ends: tuple[EndClass, ...]
+) -> FailureClass:
+    """The class of an unwon episode's end: the recorded one, unless that is ``other`` (or none)
+    and the verdict carries one of ``ends``' markers: then that end's class. Applied when the
+    agent ends an episode and again on read, so ends recorded as ``other`` before their arm
+    declared a class for them are classed too."""
+    recorded = FailureClass(failure_class) if failure_class else FailureClass.OTHER
+    if recorded is not FailureClass.OTHER or not verdict:
+        return recorded
+    for end in ends:
+        if end.marker and end.marker in verdict:
+            return end.failure_class
+    return recorded
 
 
 class _Record:
