@@ -357,35 +357,77 @@ def summarize_run(run_dir: Path) -> RunSummary:
 
 
 # -- comparison ----------------------------------------------------------------------------------
-def comparison_row(label: str, run_dir: Path, s: RunSummary) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ComparisonRow:
+    """One run in the model comparison (a row of ``comparison.json``'s ``runs``)."""
+
+    label: str
+    run_dir: str
+    model: str
+    arm: str
+    evaluator: str
+    total_tasks: int
+    solved_trial0: int
+    success_trial0: float
+    success_trial0_ci: tuple[float, float]
+    last_trial: int | None
+    solved_last: int
+    success_last: float
+    success_last_ci: tuple[float, float]
+    tokens: int
+    tokens_per_solved: float | None
+    env_steps: int
+    env_steps_per_solved: float | None
+    cost_usd: float
+    cost_per_solved: float | None
+    wall_s: float
+    errors: int
+
+
+@dataclass(frozen=True)
+class PairedTable:
+    """Two runs over the same tasks at ``trial``: tasks solved by both, one or neither."""
+
+    a: str
+    b: str
+    trial: int
+    tasks: int
+    both: int
+    only_a: int
+    only_b: int
+    neither: int
+    p_value: float
+
+
+def comparison_row(label: str, run_dir: Path, s: RunSummary) -> ComparisonRow:
     """One row of the model comparison table."""
     total = s.total_tasks
     first = s.trials[0].cumulative_solved if s.trials else 0
     last = s.trials[-1].cumulative_solved if s.trials else 0
     tokens = s.tokens.total
-    return {
-        "label": label,
-        "run_dir": str(run_dir),
-        "model": s.model,
-        "arm": s.arm,
-        "evaluator": s.evaluator,
-        "total_tasks": total,
-        "solved_trial0": first,
-        "success_trial0": first / total if total else 0.0,
-        "success_trial0_ci": list(wilson_interval(first, total)),
-        "last_trial": s.trials[-1].trial if s.trials else None,
-        "solved_last": last,
-        "success_last": last / total if total else 0.0,
-        "success_last_ci": list(wilson_interval(last, total)),
-        "tokens": tokens,
-        "tokens_per_solved": tokens / last if last else None,
-        "env_steps": s.compute.env_steps,
-        "env_steps_per_solved": s.compute.env_steps / last if last else None,
-        "cost_usd": s.cost_usd,
-        "cost_per_solved": s.cost_usd / last if last else None,
-        "wall_s": s.wall_s,
-        "errors": s.errors,
-    }
+    return ComparisonRow(
+        label=label,
+        run_dir=str(run_dir),
+        model=s.model,
+        arm=s.arm,
+        evaluator=s.evaluator,
+        total_tasks=total,
+        solved_trial0=first,
+        success_trial0=first / total if total else 0.0,
+        success_trial0_ci=wilson_interval(first, total),
+        last_trial=s.trials[-1].trial if s.trials else None,
+        solved_last=last,
+        success_last=last / total if total else 0.0,
+        success_last_ci=wilson_interval(last, total),
+        tokens=tokens,
+        tokens_per_solved=tokens / last if last else None,
+        env_steps=s.compute.env_steps,
+        env_steps_per_solved=s.compute.env_steps / last if last else None,
+        cost_usd=s.cost_usd,
+        cost_per_solved=s.cost_usd / last if last else None,
+        wall_s=s.wall_s,
+        errors=s.errors,
+    )
 
 
 def _known_until(s: RunSummary) -> float:
@@ -396,9 +438,7 @@ def _known_until(s: RunSummary) -> float:
     return float(s.trials[-1].trial) if s.trials else -1.0
 
 
-def paired_table(
-    a: RunSummary, b: RunSummary, trial: int, labels: tuple[str, str]
-) -> dict[str, Any]:
+def paired_table(a: RunSummary, b: RunSummary, trial: int, labels: tuple[str, str]) -> PairedTable:
     """Two runs over the same tasks at ``trial``: each task solved by then in both, only one or
     neither, and McNemar's exact p-value for the difference."""
     both = only_a = only_b = neither = 0
@@ -410,22 +450,20 @@ def paired_table(
         only_a += in_a and not in_b
         only_b += in_b and not in_a
         neither += not (in_a or in_b)
-    return {
-        "a": labels[0],
-        "b": labels[1],
-        "trial": trial,
-        "tasks": both + only_a + only_b + neither,
-        "both": both,
-        "only_a": only_a,
-        "only_b": only_b,
-        "neither": neither,
-        "p_value": mcnemar_exact(only_a, only_b),
-    }
+    return PairedTable(
+        a=labels[0],
+        b=labels[1],
+        trial=trial,
+        tasks=both + only_a + only_b + neither,
+        both=both,
+        only_a=only_a,
+        only_b=only_b,
+        neither=neither,
+        p_value=mcnemar_exact(only_a, only_b),
+    )
 
 
-def paired_comparisons(
-    summaries: Sequence[RunSummary], labels: Sequence[str]
-) -> list[dict[str, Any]]:
+def paired_comparisons(summaries: Sequence[RunSummary], labels: Sequence[str]) -> list[PairedTable]:
     """Every pair of runs over the same tasks, at trial 0 and at the last trial both have."""
     out = []
     for i, j in combinations(range(len(summaries)), 2):
@@ -452,7 +490,7 @@ def plot_learning_curve(
     summaries: Sequence[RunSummary],
     labels: Sequence[str],
     path: Path,
-    paired: Sequence[dict[str, Any]] = (),
+    paired: Sequence[PairedTable] = (),
 ) -> Path:
     """Cumulative success rate vs trial, one line per run (like the Reflexion paper's figure),
     each with its Wilson interval as a band; for two runs, the paired test's p-values."""
@@ -490,7 +528,7 @@ def plot_learning_curve(
     if summaries:
         ax.legend(loc="lower right")
     if len(summaries) == 2 and paired:
-        text = ", ".join(f"trial {p['trial']}: p = {_p(p['p_value'])}" for p in paired)
+        text = ", ".join(f"trial {p.trial}: p = {_p(p.p_value)}" for p in paired)
         ax.text(0.02, 0.97, f"McNemar exact: {text}", transform=ax.transAxes, va="top", fontsize=8)
     return _save(fig, path)
 
@@ -642,7 +680,7 @@ def calls_table(s: RunSummary) -> tuple[list[str], list[list[Any]]]:
     return header, rows
 
 
-def comparison_table(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
+def comparison_table(rows: Sequence[ComparisonRow]) -> tuple[list[str], list[list[Any]]]:
     header = [
         "run",
         "model",
@@ -658,30 +696,30 @@ def comparison_table(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[li
     ]
     out = [
         [
-            r["label"],
-            r["model"],
-            r["arm"],
-            r["total_tasks"],
-            _pct(r["success_trial0"]),
-            f"{_pct(r['success_last'])} (trial {r['last_trial']})",
-            _ci(r["success_last_ci"]),
-            _num(r["tokens_per_solved"]),
-            _num(r["cost_per_solved"], "${:.4f}"),
-            f"{r['wall_s']:.0f} s",
-            r["errors"],
+            r.label,
+            r.model,
+            r.arm,
+            r.total_tasks,
+            _pct(r.success_trial0),
+            f"{_pct(r.success_last)} (trial {r.last_trial})",
+            _ci(r.success_last_ci),
+            _num(r.tokens_per_solved),
+            _num(r.cost_per_solved, "${:.4f}"),
+            f"{r.wall_s:.0f} s",
+            r.errors,
         ]
         for r in rows
     ]
     return header, out
 
 
-def compute_table(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
+def compute_table(rows: Sequence[ComparisonRow]) -> tuple[list[str], list[list[Any]]]:
     header = ["run", "arm", "success last trial", "env steps", "env steps / solved", "tokens",
               "tokens / solved"]  # fmt: skip
     out = [
         [
-            r["label"], r["arm"], _pct(r["success_last"]), r["env_steps"],
-            _num(r["env_steps_per_solved"]), r["tokens"], _num(r["tokens_per_solved"]),
+            r.label, r.arm, _pct(r.success_last), r.env_steps, _num(r.env_steps_per_solved),
+            r.tokens, _num(r.tokens_per_solved),
         ]
         for r in rows
     ]  # fmt: skip
@@ -701,12 +739,11 @@ def escalation_lines(s: RunSummary) -> list[str]:
     ]
 
 
-def paired_table_md(paired: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
+def paired_table_md(paired: Sequence[PairedTable]) -> tuple[list[str], list[list[Any]]]:
     header = ["A", "B", "trial", "tasks", "both", "only A", "only B", "neither", "p (McNemar)"]
     rows = [
         [
-            p["a"], p["b"], p["trial"], p["tasks"], p["both"], p["only_a"], p["only_b"],
-            p["neither"], _p(p["p_value"]),
+            p.a, p.b, p.trial, p.tasks, p.both, p.only_a, p.only_b, p.neither, _p(p.p_value),
         ]
         for p in paired
     ]  # fmt: skip
@@ -716,8 +753,8 @@ def paired_table_md(paired: Sequence[dict[str, Any]]) -> tuple[list[str], list[l
 def markdown_report(
     summaries: Sequence[RunSummary],
     labels: Sequence[str],
-    comparison: Sequence[dict[str, Any]],
-    paired: Sequence[dict[str, Any]] = (),
+    comparison: Sequence[ComparisonRow],
+    paired: Sequence[PairedTable] = (),
 ) -> str:
     parts = ["# reflexsim report", ""]
     if len(summaries) > 1:
@@ -822,7 +859,10 @@ def write_report(run_dirs: Sequence[Path], out_dir: Path | None = None) -> Path:
     else:
         for label, s in zip(labels, summaries, strict=True):
             _write_json(out / f"summary-{label}.json", s.to_dict())
-        _write_json(out / "comparison.json", {"runs": comparison, "paired": paired})
+        _write_json(
+            out / "comparison.json",
+            {"runs": [asdict(r) for r in comparison], "paired": [asdict(p) for p in paired]},
+        )
     plot_learning_curve(summaries, labels, out / "learning_curve.png", paired)
     plot_failures(summaries, labels, out / "failures.png")
     plot_compute(summaries, labels, out / "compute.png")
@@ -837,7 +877,7 @@ def write_report(run_dirs: Sequence[Path], out_dir: Path | None = None) -> Path:
             "failures": out / "failures.png",
             "compute": out / "compute.png",
         },
-        comparison=comparison if len(dirs) > 1 else None,
+        comparison=[asdict(r) for r in comparison] if len(dirs) > 1 else None,
     )
     return out
 
