@@ -20,8 +20,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from agents.llm.base import Completion, Request
-from envs.pool import EnvReply
-from memory.records import Reflection, Step
+from memory.records import EnvReply, Reflection, Step, env_actions
 
 
 def episode_seed(run_seed: int, game: str, trial: int) -> int:
@@ -55,7 +54,7 @@ class EpisodeSpec:
 
     def replay_actions(self) -> tuple[str, ...]:
         """The env actions of the recorded steps (thoughts and invalid outputs never reach it)."""
-        return tuple(s.action for s in self.resume_steps if s.kind == "act")
+        return env_actions(self.resume_steps)
 
 
 @dataclass(frozen=True)

@@ -57,9 +57,9 @@ from agents.react import (
 )
 from agents.reflexion import ReflexionSettings, reflect
 from agents.values import Candidate, NodeView, ValueFunction, make_value
-from envs.pool import EnvReply
 from memory.records import (
     EndClass,
+    EnvReply,
     FailureClass,
     Reflection,
     SearchEnd,
@@ -69,6 +69,7 @@ from memory.records import (
     Step,
     StepKind,
     classify_end,
+    env_actions,
 )
 
 _SEARCH = "search: "  # how a search's end starts the episode's verdict
@@ -319,8 +320,8 @@ class _Search:
     async def _restore(self, node: Node) -> None:
         """Put the env in ``node``'s state: reset and replay its path's actions (nothing to do
         when the env is there, or in a state with the same actions: thoughts change nothing)."""
-        actions = _actions(node)
-        if self.at is node or (self.at is not None and _actions(self.at) == actions):
+        actions = env_actions(node.steps())
+        if self.at is node or (self.at is not None and env_actions(self.at.steps()) == actions):
             self.at = node
             return
         self.state = await self.ctx.reset(replay=actions)
@@ -523,10 +524,6 @@ class _Search:
         verdict = f"{_SEARCH}{reason}"
         failure = classify_end(classify_failure(steps, None, False), verdict, SEARCH_ENDS)
         return EpisodeEnd(won=False, failure_class=failure.value, verdict=verdict)
-
-
-def _actions(node: Node) -> list[str]:
-    return [s.action for s in node.steps() if s.kind == StepKind.ACT]
 
 
 class _Counted:

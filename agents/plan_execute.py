@@ -28,8 +28,7 @@ from agents.memory_policy import NO_MEMORY, REFLEXION
 from agents.parsing import ParsedAction
 from agents.prompting import example_texts, render_transcript, template, transcript_pairs
 from agents.react import NOTHING_HAPPENS, THOUGHT_OBSERVATION, Actor, ActorSettings, make_step
-from envs.pool import EnvReply
-from memory.records import FailureClass, Step, StepKind
+from memory.records import EnvReply, FailureClass, Step, StepKind
 
 PLAN_STOPS = ("\n\n",)
 _ITEM = re.compile(r"^\s*(?:\d+\s*[.):]|[-*•])\s*(?P<text>.+?)\s*$")

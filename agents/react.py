@@ -22,8 +22,7 @@ from agents.llm.base import ActionConstraint, CallSite, Completion, GenerationCo
 from agents.memory_policy import EPISODIC, EXPLORATION, NO_MEMORY, REFLEXION
 from agents.parsing import GroundingRules, ParsedAction, parse_action, put_to_move
 from agents.prompting import actor_prompt, transcript_pairs
-from envs.pool import EnvReply
-from memory.records import Step, StepKind
+from memory.records import EnvReply, Step, StepKind
 
 NOTHING_HAPPENS = "Nothing happens."
 THOUGHT_OBSERVATION = "OK."

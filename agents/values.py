@@ -29,8 +29,7 @@ from agents.llm.ground_truth import NO_GROUND_TRUTH, GroundTruth
 from agents.oracle import Oracle
 from agents.parsing import STILL_VERBS, verb_target
 from agents.prompting import render_transcript, template, transcript_pairs
-from envs.pool import EnvReply
-from memory.records import Step, StepKind
+from memory.records import EnvReply, Step, StepKind
 
 VALUES = ("llm", "sc", "heuristic", "oracle")
 _NUMBER = re.compile(r"\d+")

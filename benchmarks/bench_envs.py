@@ -24,7 +24,8 @@ from typing import Any
 
 from envs.alfworld_env import ALFWorldEnv
 from envs.discovery import discover_games
-from envs.pool import EnvPool, EnvReply, EnvSpec, Reset
+from envs.pool import EnvPool, EnvSpec, Reset
+from memory.records import EnvReply
 
 SPLIT = "eval_in_distribution"
 

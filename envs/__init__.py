@@ -2,7 +2,7 @@
 
 ``ENV_KINDS`` is the one table of the project's envs: importing this package registers each with
 Gymnasium under its id, and the env pool builds them by kind name. It imports neither alfworld
-nor textworld (the adapters import them lazily). No project imports.
+nor textworld (the adapters import them lazily); of the project, only memory's records (EnvReply).
 """
 
 from dataclasses import dataclass

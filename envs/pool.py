@@ -35,6 +35,7 @@ from typing import Any, Literal, Self
 
 from envs import ENV_KINDS
 from envs.errors import EnvError
+from memory.records import EnvReply
 
 # A fresh worker gets at least this long to start (spawning an interpreter on a busy machine).
 START_TIMEOUT_S = 60.0
@@ -70,26 +71,6 @@ class Reset:
         if isinstance(self.replay, str):
             raise EnvError("replay must be a sequence of actions, not one string")
         object.__setattr__(self, "replay", tuple(str(a) for a in self.replay))
-
-
-@dataclass(frozen=True)
-class EnvReply:
-    """What the game answered to a reset or a step. After a reset, reward is 0.0 and both flags
-    are False (unless replayed actions ended the episode: then they are the last replayed step's)."""
-
-    observation: str
-    reward: float = 0.0
-    terminated: bool = False
-    truncated: bool = False
-    info: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def won(self) -> bool:
-        return bool(self.terminated and self.info.get("won"))
-
-    @property
-    def admissible(self) -> tuple[str, ...]:
-        return tuple(self.info.get("admissible_commands") or ())
 
 
 class WorkerCrashed(Exception):

@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from agents.episode import Agent, EpisodeEnd, EpisodeSpec
 from agents.llm.base import OVERSIZED, AsyncBackend, Backend, BackendError, Completion, Request
 from envs.aio import AsyncEnvPool
-from envs.pool import EnvReply, Reset, WorkerCrashed
+from envs.pool import Reset, WorkerCrashed
 from experiments.store import RunStore
-from memory.records import EpisodeStatus, FailureClass, ModelCall, Step
+from memory.records import EnvReply, EpisodeStatus, FailureClass, ModelCall, Step
 
 log = logging.getLogger("reflexsim.engine")
 
@@ -157,7 +157,7 @@ class Usage:
 
 
 # -- one episode ------------------------------------------------------------------------------------
-class _Episode:
+class _Context:
     """The context an agent plays one episode through (agents.episode.EpisodeContext)."""
 
     def __init__(
@@ -287,7 +287,7 @@ class Engine:
         self.should_stop = should_stop
         self.on_episode_done = on_episode_done
         totals = store.token_totals()
-        self.usage = Usage(totals["prompt"], totals["completion"], totals["cached_prompt"])
+        self.usage = Usage(totals.prompt, totals.completion, totals.cached_prompt)
         self._free: asyncio.Queue[int] | None = None
         self.concurrency = min(concurrency or envs.slots, envs.slots)
         self._places: asyncio.Semaphore | None = None
@@ -371,7 +371,7 @@ class Engine:
                 self._free.put_nowait(slot)
         self.check_stop()
         slot = await self._free.get()
-        episode = _Episode(self, spec, slot, model)
+        episode = _Context(self, spec, slot, model)
         try:
             try:
                 end = await agent.play(episode)

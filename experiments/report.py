@@ -36,7 +36,7 @@ from typing import Any
 
 from agents import arms
 from experiments.errors import RunStoreError
-from experiments.store import CallTotals, Outcome, RunReader, RunState, open_reader
+from experiments.store import CallTotals, Outcome, RunReader, RunState, Tokens, open_reader
 from experiments.terminal import escape_controls
 from memory.records import EndClass, EpisodeStatus, classify_end
 
@@ -88,19 +88,6 @@ def _cost(model: str, tokens: Tokens) -> float:
     except ImportError:
         return 0.0
     return float(cost_usd(model, tokens.prompt, tokens.completion, tokens.cached_prompt))
-
-
-@dataclass(frozen=True)
-class Tokens:
-    """Tokens of every model call of a run."""
-
-    prompt: int
-    completion: int
-    cached_prompt: int
-
-    @property
-    def total(self) -> int:
-        return self.prompt + self.completion
 
 
 @dataclass(frozen=True)
@@ -251,7 +238,7 @@ def summarize(reader: RunReader) -> RunSummary:
         by_type[kind] = TaskTypeCount(entry.total + 1, entry.solved + (solved_at[game] is not None))
 
     failed_all = [o for o in outcomes if o.status is EpisodeStatus.DONE and not o.won]
-    tokens = Tokens(**reader.token_totals())
+    tokens = reader.token_totals()
     statuses: dict[str, int] = {}
     for o in outcomes:
         statuses[o.status.value] = statuses.get(o.status.value, 0) + 1

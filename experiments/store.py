@@ -357,6 +357,19 @@ class EventRow:
 
 
 @dataclass(frozen=True)
+class Tokens:
+    """Tokens of model calls, summed."""
+
+    prompt: int
+    completion: int
+    cached_prompt: int
+
+    @property
+    def total(self) -> int:
+        return self.prompt + self.completion
+
+
+@dataclass(frozen=True)
 class CallTotals:
     """The model calls of one purpose, summed."""
 
@@ -999,13 +1012,13 @@ class RunReader:
             for r in rows
         }
 
-    def token_totals(self) -> dict[str, int]:
-        """Tokens of every model call, all purposes: ``prompt``, ``completion``, ``cached_prompt``."""
+    def token_totals(self) -> Tokens:
+        """Tokens of every model call, all purposes."""
         row = self._conn.execute(
             "SELECT COALESCE(SUM(prompt_tokens), 0) p, COALESCE(SUM(completion_tokens), 0) c,"
             " COALESCE(SUM(cached_tokens), 0) k FROM call_totals"
         ).fetchone()
-        return {"prompt": row["p"], "completion": row["c"], "cached_prompt": row["k"]}
+        return Tokens(row["p"], row["c"], row["k"])
 
     def task_ends(self, manifest: dict[str, Any] | None = None) -> dict[str, TaskEnd]:
         """The tasks with no trial left, and why. A store made before they were kept derives

@@ -7,7 +7,8 @@ always typed data and never text parsed back.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Self
 
@@ -96,6 +97,32 @@ class Step(_Record):
     latency_s: float = 0.0
     reward: float = 0.0
     won: bool = False
+
+
+@dataclass(frozen=True)
+class EnvReply:
+    """What the game answered to a reset or a step. After a reset, reward is 0.0 and both flags
+    are False (unless replayed actions ended the episode: then they are the last replayed step's)."""
+
+    observation: str
+    reward: float = 0.0
+    terminated: bool = False
+    truncated: bool = False
+    info: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def won(self) -> bool:
+        return bool(self.terminated and self.info.get("won"))
+
+    @property
+    def admissible(self) -> tuple[str, ...]:
+        return tuple(self.info.get("admissible_commands") or ())
+
+
+def env_actions(steps: Iterable[Step]) -> tuple[str, ...]:
+    """The actions of ``steps`` that reached the env (thoughts and invalid outputs never do):
+    what re-simulates an episode, and what two trials compare."""
+    return tuple(s.action for s in steps if s.kind == StepKind.ACT)
 
 
 @dataclass(frozen=True)

@@ -17,12 +17,11 @@ from agents.llm.ground_truth import GroundTruth, Walkthroughs
 from agents.llm.markers import MEMORY_MARKER
 from agents.oracle import oracle_distance
 from agents.values import Candidate, NodeView, make_value, parse_rating
-from envs.pool import EnvReply
 from experiments.config import RunConfig
 from experiments.report import summarize
 from experiments.runner import run
 from experiments.store import RunStore
-from memory.records import FailureClass, SearchTree, Step, StepKind
+from memory.records import EnvReply, FailureClass, SearchTree, Step, StepKind
 
 WT = ["go to cabinet 2", "open cabinet 2", "take bottle 1 from cabinet 2", "go to sinkbasin 1",
       "move bottle 1 to sinkbasin 1"]  # fmt: skip

@@ -16,7 +16,8 @@ import pytest
 from envs.alfworld_env import ALFWorldEnv
 from envs.discovery import SPLITS
 from envs.errors import EnvError
-from envs.pool import EnvPool, EnvReply, EnvSpec, Reset, SyncEnvPool, WorkerCrashed
+from envs.pool import EnvPool, EnvSpec, Reset, SyncEnvPool, WorkerCrashed
+from memory.records import EnvReply
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "alfworld_data"
 SPLIT = "eval_in_distribution"

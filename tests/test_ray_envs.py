@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 
-from envs.pool import EnvReply, EnvSpec, Reset, WorkerCrashed
+from envs.pool import EnvSpec, Reset, WorkerCrashed
 from experiments.config import RunConfig
 from experiments.errors import ConfigError
 from experiments.runner import run
 from experiments.store import RunStore
+from memory.records import EnvReply
 from tests.raycluster import ray_cluster
 from tests.test_runner import snapshot
 

@@ -24,12 +24,11 @@ from agents.llm.base import Completion, GenerationConfig, Request
 from agents.parsing import GroundingRules
 from agents.react import ActorSettings, ReActAgent
 from agents.reflexion import ReflexionSettings, prompt_prefix, reflect
-from envs.pool import EnvReply
 from experiments.config import RunConfig
 from experiments.errors import ConfigError
 from experiments.runner import code_prompts, prompt_file_hashes, run
 from experiments.store import RunStore
-from memory.records import Reflection, Step
+from memory.records import EnvReply, Reflection, Step
 from tests.gameruns import game_run
 
 GOLDEN = Path(__file__).parent / "golden" / "reflexion_code"

@@ -3,7 +3,6 @@ with intervals and the paired test, and the committed results still render."""
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import shutil
@@ -221,7 +220,7 @@ def test_judge_and_every_other_call_count_in_tokens_and_cost(tmp_path: Path) -> 
     )
     # the budget check and the progress line read the same totals
     with open_reader(run) as reader:
-        assert reader.token_totals() == dataclasses.asdict(s.tokens)
+        assert reader.token_totals() == s.tokens
         assert reader.progress().tokens == s.tokens.total
         assert reader.progress().solved == s.solved == 3
 

@@ -151,7 +151,7 @@ def test_step_prompt_is_what_the_actor_sent(run_dir: Path) -> None:
     from agents.llm.base import GenerationConfig
     from agents.parsing import GroundingRules
     from agents.react import ActorSettings, actor_request
-    from envs.pool import EnvReply
+    from memory.records import EnvReply
 
     settings = ActorSettings(GenerationConfig(), make_evaluator("paper"), GroundingRules(), 30)
     store = RunStore(run_dir, readonly=True)
