@@ -27,13 +27,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 from agents.episode import Agent, EpisodeEnd, EpisodeSpec
 from agents.llm.base import OVERSIZED, AsyncBackend, Backend, BackendError, Completion, Request
 from envs.aio import AsyncEnvPool
 from envs.pool import Reset, WorkerCrashed
-from experiments.store import RunStore
+from experiments.store import RunStore, Tokens
 from memory.records import EnvReply, EpisodeStatus, FailureClass, ModelCall, Step
 
 log = logging.getLogger("reflexsim.engine")
@@ -138,22 +137,9 @@ class ModelClient:
 
 
 # -- budgets ------------------------------------------------------------------------------------
-@dataclass
-class Usage:
-    """Tokens used by the run so far (the store's totals at start, plus every call since)."""
-
-    prompt: int = 0
-    completion: int = 0
-    cached_prompt: int = 0
-
-    def add(self, c: Completion) -> None:
-        self.prompt += c.prompt_tokens
-        self.completion += c.completion_tokens
-        self.cached_prompt += c.cached_tokens
-
-    @property
-    def total(self) -> int:
-        return self.prompt + self.completion
+# Tokens used by the run so far (the store's totals at start, plus every call since): what the
+# budget check reads.
+Usage = Tokens
 
 
 # -- one episode ------------------------------------------------------------------------------------
@@ -286,8 +272,7 @@ class Engine:
         self.arm = arm
         self.should_stop = should_stop
         self.on_episode_done = on_episode_done
-        totals = store.token_totals()
-        self.usage = Usage(totals.prompt, totals.completion, totals.cached_prompt)
+        self.usage = store.token_totals()
         self._free: asyncio.Queue[int] | None = None
         self.concurrency = min(concurrency or envs.slots, envs.slots)
         self._places: asyncio.Semaphore | None = None
@@ -339,7 +324,12 @@ class Engine:
                 self.store.log_event("retry", f"{exc.retries} retries", episode_id)
             self.store.log_event("infra_error", f"{type(exc).__name__}: {exc}", episode_id)
             raise
-        self.usage.add(completion)
+        u = self.usage
+        self.usage = Tokens(
+            u.prompt + completion.prompt_tokens,
+            u.completion + completion.completion_tokens,
+            u.cached_prompt + completion.cached_tokens,
+        )
         self.store.add_model_call(
             ModelCall(
                 purpose=request.purpose, game=game, trial=trial, episode_id=episode_id,
