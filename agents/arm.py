@@ -16,8 +16,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from agents.evaluators import ACTOR_ENDS
 from agents.llm.ground_truth import NO_GROUND_TRUTH, GroundTruth
-from memory.records import SearchEnd, SearchIteration, SearchNode, SearchTree
+from memory.records import EndClass, SearchEnd, SearchIteration, SearchNode, SearchTree
 
 if TYPE_CHECKING:  # types only: the arm modules import this one
     from agents.episode import Agent
@@ -61,6 +62,7 @@ class Arm:
     code_protocol: bool = False  # the reflexion-code protocol plays it (the paper code's arms)
     section: str | None = None
     settings: type | None = None
+    ends: tuple[EndClass, ...] = ACTOR_ENDS  # how its episodes can end unwon (reports count these)
 
     def __post_init__(self) -> None:
         if (self.section is None) != (self.settings is None):

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from agents import insights, lats, options, plan_execute, react, retrieval
 from agents.arm import Arm
+from agents.evaluators import ACTOR_ENDS
+from memory.records import EndClass
 
 _MODULES = (react, plan_execute, lats, insights, retrieval)  # the order of the --agent choices
 _ARMS: dict[str, Arm] = {}
@@ -46,6 +48,12 @@ def names() -> tuple[str, ...]:
 
 def find(name: str) -> Arm | None:
     return _ARMS.get(name)
+
+
+def ends(name: str) -> tuple[EndClass, ...]:
+    """How the arm's episodes can end unwon (an arm not registered here: an actor's ends)."""
+    arm = _ARMS.get(name)
+    return arm.ends if arm is not None else ACTOR_ENDS
 
 
 def get(name: str) -> Arm:

@@ -15,12 +15,12 @@ the engine every in-flight episode's pending call without a lockstep tick.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 from agents.llm.base import Completion, Request
-from memory.records import Reflection, Step
+from memory.records import EnvReply, Reflection, Step, env_actions
 
 
 def episode_seed(run_seed: int, game: str, trial: int) -> int:
@@ -56,26 +56,7 @@ class EpisodeSpec:
 
     def replay_actions(self) -> tuple[str, ...]:
         """The env actions of the recorded steps (thoughts and invalid outputs never reach it)."""
-        return tuple(s.action for s in self.resume_steps if s.kind == "act")
-
-
-@dataclass(frozen=True)
-class EnvReply:
-    """What the game answered to a reset or a step."""
-
-    observation: str
-    reward: float = 0.0
-    terminated: bool = False
-    truncated: bool = False
-    info: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def won(self) -> bool:
-        return bool(self.terminated and self.info.get("won"))
-
-    @property
-    def admissible(self) -> tuple[str, ...]:
-        return tuple(self.info.get("admissible_commands") or ())
+        return env_actions(self.resume_steps)
 
 
 @dataclass(frozen=True)

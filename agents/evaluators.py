@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from memory.records import FailureClass, Step, StepKind
+from memory.records import EndClass, FailureClass, Step, StepKind
 
 
 @dataclass(frozen=True)
@@ -120,6 +120,19 @@ def make_evaluator(
     if name == "llm":
         return NoEvaluator()
     raise ValueError(f"unknown evaluator {name!r}: use paper, code or llm")
+
+
+# How an actor's episodes end unwon (the classes classify_failure gives), in the reports' order.
+ACTOR_ENDS = tuple(
+    EndClass(c)
+    for c in (
+        FailureClass.REPEATED_ACTION,
+        FailureClass.TOO_LONG,
+        FailureClass.STEP_CAP,
+        FailureClass.INVALID_ACTIONS,
+        FailureClass.OTHER,
+    )
+)
 
 
 def classify_failure(steps: Sequence[Step], verdict: Verdict | None, truncated: bool) -> str:

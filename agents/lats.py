@@ -42,8 +42,8 @@ import time
 from dataclasses import dataclass, field, replace
 
 from agents.arm import Arm, ArmContext, SearchLog
-from agents.episode import EnvReply, EpisodeContext, EpisodeEnd
-from agents.evaluators import classify_failure
+from agents.episode import EpisodeContext, EpisodeEnd
+from agents.evaluators import ACTOR_ENDS, classify_failure
 from agents.llm.base import Completion, Request
 from agents.llm.ground_truth import NO_GROUND_TRUTH, GroundTruth
 from agents.memory_policy import NO_MEMORY, REFLEXION
@@ -60,6 +60,9 @@ from agents.react import (
 from agents.reflexion import ReflexionSettings, prompt_prefix, reflect
 from agents.values import VALUES, Candidate, NodeView, ValueFunction, make_value
 from memory.records import (
+    EndClass,
+    EnvReply,
+    FailureClass,
     Reflection,
     SearchEnd,
     SearchIteration,
@@ -67,7 +70,21 @@ from memory.records import (
     SearchTree,
     Step,
     StepKind,
+    classify_end,
+    env_actions,
 )
+
+_SEARCH = "search: "  # how a search's end starts the episode's verdict
+# Why a search ends without a win (its verdict: "search: <words> (<the budget>)"), by class.
+_ENDS = {
+    FailureClass.SEARCH_ITERATIONS: "iteration budget",
+    FailureClass.SEARCH_NODES: "node budget",
+    FailureClass.SEARCH_ENV_STEPS: "env step budget",
+    FailureClass.SEARCH_TOKENS: "token budget",
+    FailureClass.SEARCH_TIME: "wall-time budget",
+    FailureClass.SEARCH_EXHAUSTED: "every branch failed",
+}
+SEARCH_ENDS = tuple(EndClass(c, f"{_SEARCH}{words}") for c, words in _ENDS.items())
 
 
 @dataclass(frozen=True)
@@ -227,14 +244,14 @@ class _Search:
         if tree is not None and tree.end is not None:
             return self._finish(self.nodes[tree.end.best_node], tree.end.reason, saved=True)
         won: Node | None = None
-        reason = f"iteration budget ({self.s.lats_iterations})"
+        reason = f"{_ENDS[FailureClass.SEARCH_ITERATIONS]} ({self.s.lats_iterations})"
         while won is None:
             stop = self._budget_spent()
             if stop is not None:
                 reason = stop
                 break
             if root.dead:
-                reason = "every branch failed"
+                reason = _ENDS[FailureClass.SEARCH_EXHAUSTED]
                 break
             won = await self._iterate(root)
         return self._finish(won or self._most_visited(root), "won" if won else reason)
@@ -307,25 +324,27 @@ class _Search:
     def _budget_spent(self) -> str | None:
         s = self.s
         if self.iteration >= s.lats_iterations:
-            return f"iteration budget ({s.lats_iterations})"
+            return f"{_ENDS[FailureClass.SEARCH_ITERATIONS]} ({s.lats_iterations})"
         if s.lats_max_nodes is not None and len(self.nodes) >= s.lats_max_nodes:
-            return f"node budget ({s.lats_max_nodes})"
+            return f"{_ENDS[FailureClass.SEARCH_NODES]} ({s.lats_max_nodes})"
         spent = self.env_steps + self.replay_steps
         if s.lats_max_env_steps is not None and spent >= s.lats_max_env_steps:
-            return f"env step budget ({s.lats_max_env_steps}, replays included)"
+            return (
+                f"{_ENDS[FailureClass.SEARCH_ENV_STEPS]} ({s.lats_max_env_steps}, replays included)"
+            )
         if s.lats_max_tokens is not None and self.tokens >= s.lats_max_tokens:
-            return f"token budget ({s.lats_max_tokens})"
+            return f"{_ENDS[FailureClass.SEARCH_TOKENS]} ({s.lats_max_tokens})"
         elapsed = self.spent_s + time.monotonic() - self.started
         if s.lats_max_seconds is not None and elapsed >= s.lats_max_seconds:
-            return f"wall-time budget ({s.lats_max_seconds:g} s)"
+            return f"{_ENDS[FailureClass.SEARCH_TIME]} ({s.lats_max_seconds:g} s)"
         return None
 
     # -- env ---------------------------------------------------------------------------------
     async def _restore(self, node: Node) -> None:
         """Put the env in ``node``'s state: reset and replay its path's actions (nothing to do
         when the env is there, or in a state with the same actions: thoughts change nothing)."""
-        actions = _actions(node)
-        if self.at is node or (self.at is not None and _actions(self.at) == actions):
+        actions = env_actions(node.steps())
+        if self.at is node or (self.at is not None and env_actions(self.at.steps()) == actions):
             self.at = node
             return
         self.state = await self.ctx.reset(replay=actions)
@@ -523,13 +542,10 @@ class _Search:
             return EpisodeEnd(won=True)
         end_here = self.agent.actor.check_end(steps, False) if steps else None
         if end_here is not None:
-            return replace(end_here, verdict=f"{end_here.verdict}; search: {reason}")
-        failure = classify_failure(steps, None, False)
-        return EpisodeEnd(won=False, failure_class=failure, verdict=f"search: {reason}")
-
-
-def _actions(node: Node) -> list[str]:
-    return [s.action for s in node.steps() if s.kind == StepKind.ACT]
+            return replace(end_here, verdict=f"{end_here.verdict}; {_SEARCH}{reason}")
+        verdict = f"{_SEARCH}{reason}"
+        failure = classify_end(classify_failure(steps, None, False), verdict, SEARCH_ENDS)
+        return EpisodeEnd(won=False, failure_class=failure.value, verdict=verdict)
 
 
 class _Counted:
@@ -547,6 +563,20 @@ def _build(ctx: ArmContext) -> LatsAgent:
 
 
 ARMS = (
-    Arm("lats", _build, NO_MEMORY, section="lats", settings=LatsConfig),
-    Arm("lats+reflexion", _build, REFLEXION, section="lats", settings=LatsConfig),
+    Arm(
+        "lats",
+        _build,
+        NO_MEMORY,
+        section="lats",
+        settings=LatsConfig,
+        ends=ACTOR_ENDS + SEARCH_ENDS,
+    ),
+    Arm(
+        "lats+reflexion",
+        _build,
+        REFLEXION,
+        section="lats",
+        settings=LatsConfig,
+        ends=ACTOR_ENDS + SEARCH_ENDS,
+    ),
 )

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agents.arm import Arm, ArmContext
-from agents.episode import EnvReply, EpisodeContext, EpisodeEnd
+from agents.episode import EpisodeContext, EpisodeEnd
 from agents.evaluators import count_actions
 from agents.llm.base import CallSite, Completion, GenerationConfig, Request
 from agents.llm.markers import NO_PLAN, PLAN_PREFIX, REPLAN_PREFIX, render_plan
@@ -32,7 +32,7 @@ from agents.options import model_spec, option
 from agents.parsing import ParsedAction
 from agents.prompting import example_texts, render_transcript, template, transcript_pairs
 from agents.react import NOTHING_HAPPENS, THOUGHT_OBSERVATION, Actor, ActorSettings, make_step
-from memory.records import FailureClass, Step, StepKind
+from memory.records import EnvReply, FailureClass, Step, StepKind
 
 PLAN_STOPS = ("\n\n",)
 MAX_PLAN_STEPS = 30  # plan items kept at most

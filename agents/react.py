@@ -16,13 +16,13 @@ from dataclasses import dataclass, replace
 
 from agents import reflexion_code as code
 from agents.arm import Arm, ArmContext
-from agents.episode import EnvReply, EpisodeContext, EpisodeEnd
+from agents.episode import EpisodeContext, EpisodeEnd
 from agents.evaluators import Evaluator, Verdict, classify_failure, count_actions
 from agents.llm.base import ActionConstraint, CallSite, Completion, GenerationConfig, Request
 from agents.memory_policy import EPISODIC, EXPLORATION, NO_MEMORY, REFLEXION
 from agents.parsing import GroundingRules, ParsedAction, parse_action, put_to_move
 from agents.prompting import actor_prompt, transcript_pairs
-from memory.records import Step, StepKind
+from memory.records import EnvReply, Step, StepKind
 
 NOTHING_HAPPENS = "Nothing happens."
 THOUGHT_OBSERVATION = "OK."

@@ -23,13 +23,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from agents.episode import EnvReply, ModelPort
+from agents.episode import ModelPort
 from agents.llm.base import CallSite, GenerationConfig, Request
 from agents.llm.ground_truth import NO_GROUND_TRUTH, GroundTruth
 from agents.oracle import Oracle
 from agents.parsing import STILL_VERBS, verb_target
 from agents.prompting import render_transcript, template, transcript_pairs
-from memory.records import Step, StepKind
+from memory.records import EnvReply, Step, StepKind
 
 VALUES = ("llm", "sc", "heuristic", "oracle")
 _NUMBER = re.compile(r"\d+")

@@ -24,7 +24,8 @@ from typing import Any
 
 from envs.alfworld_env import ALFWorldEnv
 from envs.discovery import discover_games
-from envs.pool import EnvPool, EnvSpec, Reset, StepResult
+from envs.pool import EnvPool, EnvSpec, Reset
+from memory.records import EnvReply
 
 SPLIT = "eval_in_distribution"
 
@@ -149,7 +150,7 @@ def play_pool(pool: EnvPool, game_ids: list[str]) -> float:
     while pool.in_flight:
         calls: dict[int, str | Reset] = {}
         for slot, result in pool.collect().items():
-            if not isinstance(result, StepResult):
+            if not isinstance(result, EnvReply):
                 raise result
             if slot in resetting:
                 resetting.discard(slot)

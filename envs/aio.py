@@ -35,7 +35,7 @@ class AsyncEnvPool:
 
     async def call(self, slot: int, call: Call) -> Outcome:
         """Submit one reset (``Reset``) or step (an action) for ``slot`` and await its answer
-        (a ``StepResult``, a ``WorkerCrashed``, or the exception the env raised)."""
+        (an ``EnvReply``, a ``WorkerCrashed``, or the exception the env raised)."""
         future: asyncio.Future[Outcome] = self.loop.create_future()
         self._waiting[slot] = future
         try:

@@ -33,13 +33,10 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any, Literal, Self
 
+from envs import ENV_KINDS
 from envs.errors import EnvError
+from memory.records import EnvReply
 
-# Env kinds a spec may name; any other kind must be "module:callable" returning a gymnasium.Env.
-KINDS: dict[str, str] = {
-    "alfworld": "envs.alfworld_env:ALFWorldEnv",
-    "textworld": "envs.textworld_env:TextWorldEnv",
-}
 # A fresh worker gets at least this long to start (spawning an interpreter on a busy machine).
 START_TIMEOUT_S = 60.0
 
@@ -76,18 +73,6 @@ class Reset:
         object.__setattr__(self, "replay", tuple(str(a) for a in self.replay))
 
 
-@dataclass(frozen=True)
-class StepResult:
-    """The reply to a reset or step. After a reset, reward is 0.0 and both flags are False
-    (unless replayed actions ended the episode: then they are the last replayed step's)."""
-
-    observation: str
-    reward: float
-    terminated: bool
-    truncated: bool
-    info: dict[str, Any]
-
-
 class WorkerCrashed(Exception):
     """The worker holding this slot's episode died or timed out; the episode is lost.
 
@@ -119,16 +104,17 @@ class WorkerCrashed(Exception):
 
 
 Call = str | Reset  # a step's action, or a reset
-Outcome = StepResult | Exception  # a WorkerCrashed, or the exception the env raised
+Outcome = EnvReply | Exception  # a WorkerCrashed, or the exception the env raised
 
 
 def resolve_kind(kind: str) -> Callable[..., Any]:
     """The env constructor a kind names; a clear EnvError if it cannot be found."""
-    target = KINDS.get(kind, kind)
+    known = ENV_KINDS.get(kind)
+    target = known.entry_point if known is not None else kind
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
         raise EnvError(
-            f"unknown env kind {kind!r}: use one of {', '.join(KINDS)} or 'module:callable'"
+            f"unknown env kind {kind!r}: use one of {', '.join(ENV_KINDS)} or 'module:callable'"
         )
     try:
         module = importlib.import_module(module_name)
@@ -171,14 +157,14 @@ class _Episodes:
             return
         if isinstance(call, Reset):
             self.lost[slot] = None
-            if isinstance(outcome, StepResult):
+            if isinstance(outcome, EnvReply):
                 self.actions[slot] = list(call.replay)
                 self.games[slot] = str(outcome.info.get("game", call.game))
             else:  # a failed reset leaves no episode to step
                 self.actions[slot] = None
                 self.games[slot] = None
             return
-        if isinstance(outcome, StepResult):
+        if isinstance(outcome, EnvReply):
             actions = self.actions[slot]
             assert actions is not None
             actions.append(call)
@@ -199,7 +185,7 @@ def _check_calls(calls: Mapping[int, Call], slots: int) -> None:
             raise EnvError(f"slot {slot}: a call is an action string or a Reset, got {call!r}")
 
 
-def _apply(envs: dict[int, Any], spec: EnvSpec, slot: int, call: Call) -> StepResult:
+def _apply(envs: dict[int, Any], spec: EnvSpec, slot: int, call: Call) -> EnvReply:
     """Run one call against the slot's env (built on its first reset)."""
     if isinstance(call, Reset):
         env = envs.get(slot)
@@ -207,14 +193,14 @@ def _apply(envs: dict[int, Any], spec: EnvSpec, slot: int, call: Call) -> StepRe
             env = envs[slot] = spec.build()
         options = {"game": call.game} if call.game is not None else None
         obs, info = env.reset(seed=call.seed, options=options)
-        result = StepResult(obs, 0.0, False, False, dict(info))
+        result = EnvReply(obs, info=dict(info))
         for action in call.replay:
-            result = StepResult(*env.step(action))
+            result = EnvReply(*env.step(action))
         return result
     env = envs.get(slot)
     if env is None:
         raise EnvError(f"slot {slot} has no env: call reset(slot, game) before step")
-    return StepResult(*env.step(call))
+    return EnvReply(*env.step(call))
 
 
 class _PoolAPI:
@@ -239,11 +225,11 @@ class _PoolAPI:
 
     def reset(
         self, slot: int, game: str | None, seed: int | None = None, replay: Sequence[str] = ()
-    ) -> StepResult:
+    ) -> EnvReply:
         """Start ``game`` in ``slot`` (re-simulating ``replay`` first); raises on failure."""
         return _raise_or_return(self.call_many({slot: Reset(game, seed, tuple(replay))})[slot])
 
-    def step(self, slot: int, action: str) -> StepResult:
+    def step(self, slot: int, action: str) -> EnvReply:
         """One step in one slot; raises WorkerCrashed or the env's own error."""
         return _raise_or_return(self.call_many({slot: action})[slot])
 
@@ -265,7 +251,7 @@ class _PoolAPI:
         raise NotImplementedError
 
 
-def _raise_or_return(outcome: Outcome) -> StepResult:
+def _raise_or_return(outcome: Outcome) -> EnvReply:
     if isinstance(outcome, Exception):
         raise outcome
     return outcome

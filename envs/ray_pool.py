@@ -234,7 +234,7 @@ class RayEnvPool(EnvPool):
                 log.info("env worker %d runs on node %s (%s)", index,
                          actor.where["node_id"][:12], actor.where["host"])  # fmt: skip
             while actor.futures and actor.futures[0].done():
-                ok, payload = actor.futures[0].result()  # (True, StepResult) or (False, error)
+                ok, payload = actor.futures[0].result()  # (True, EnvReply) or (False, error)
                 actor.futures.popleft()
                 slot, call = self._sent[index].popleft()
                 actor.ready = True

@@ -34,9 +34,9 @@ import traceback
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from agents.episode import Agent, EnvReply, EpisodeEnd, EpisodeSpec
+from agents.episode import Agent, EpisodeEnd, EpisodeSpec
 from agents.llm.base import (
     OVERSIZED,
     AsyncBackend,
@@ -48,9 +48,9 @@ from agents.llm.base import (
     Request,
 )
 from envs.aio import AsyncEnvPool
-from envs.pool import Reset, StepResult, WorkerCrashed
-from experiments.store import RunStore
-from memory.records import EpisodeStatus, FailureClass, ModelCall, Step
+from envs.pool import Reset, WorkerCrashed
+from experiments.store import RunStore, Tokens
+from memory.records import EnvReply, EpisodeStatus, FailureClass, ModelCall, Step
 
 log = logging.getLogger("reflexsim.engine")
 
@@ -170,32 +170,13 @@ class ModelClient:
 
 
 # -- budgets ------------------------------------------------------------------------------------
-@dataclass
-class Usage:
-    """Tokens used by the run so far (the store's totals at start, plus every call since)."""
-
-    prompt: int = 0
-    completion: int = 0
-    cached_prompt: int = 0
-
-    def add(self, c: Completion) -> None:
-        self.prompt += c.prompt_tokens
-        self.completion += c.completion_tokens
-        self.cached_prompt += c.cached_tokens
-
-    @property
-    def total(self) -> int:
-        return self.prompt + self.completion
+# Tokens used by the run so far (the store's totals at start, plus every call since): what the
+# budget check reads.
+Usage = Tokens
 
 
 # -- one episode ------------------------------------------------------------------------------------
-def _reply(outcome: StepResult) -> EnvReply:
-    return EnvReply(
-        outcome.observation, outcome.reward, outcome.terminated, outcome.truncated, outcome.info
-    )
-
-
-class _Episode:
+class _Context:
     """The context an agent plays one episode through (agents.episode.EpisodeContext)."""
 
     def __init__(
@@ -208,7 +189,6 @@ class _Episode:
         self.started = spec.resumed  # its row exists already
         self.resets = 0
         self.admitted = False  # holds one of the engine's places among the episodes that play
-        self._actions: list[str] = []  # env actions since the last reset, for re-simulation
 
     # -- env ------------------------------------------------------------------------------------
     async def reset(self, replay: Sequence[str] = ()) -> EnvReply:
@@ -219,14 +199,12 @@ class _Episode:
             outcome = await self.engine.envs.call(self.slot, call)
         if isinstance(outcome, Exception):
             raise EnvFailure(f"reset failed: {type(outcome).__name__}: {outcome}")
-        self._actions = list(replay)
-        reply = _reply(outcome)
         store = self.engine.store
         if not self.started:
             if self.spec.prefix_for is not None:  # the prompt depends on the task: finish it
-                prefix = self.spec.prefix_for(reply.observation)
+                prefix = self.spec.prefix_for(outcome.observation)
                 self.spec = replace(self.spec, prefix=prefix, prefix_for=None)
-            self._begin(reply.observation, str(reply.info.get("task", "")))
+            self._begin(outcome.observation, str(outcome.info.get("task", "")))
         elif self.spec.resumed and self.resets == 0:
             store.mark_resimulated(self.spec.episode_id)
             store.log_event(
@@ -236,7 +214,7 @@ class _Episode:
             )
         self.resets += 1
         await self._admit()  # reset ahead of its turn: now wait for a place to play in
-        return reply
+        return outcome
 
     async def _admit(self) -> None:
         if not self.admitted:
@@ -267,15 +245,14 @@ class _Episode:
             # re-simulate the episode on a fresh worker, then retry the action in flight
             store = self.engine.store
             store.log_event("worker_crash", outcome.reason, self.spec.episode_id)
-            replayed = await envs.call(self.slot, Reset(self.spec.game, None, tuple(self._actions)))
+            replayed = await envs.call(self.slot, Reset(self.spec.game, None, outcome.actions))
             if isinstance(replayed, Exception):
                 raise EnvFailure(f"env error: {type(replayed).__name__}: {replayed}")
             store.mark_resimulated(self.spec.episode_id)
             outcome = await envs.call(self.slot, action)
         if isinstance(outcome, Exception):
             raise EnvFailure(f"env error: {type(outcome).__name__}: {outcome}")
-        self._actions.append(action)
-        return _reply(outcome)
+        return outcome
 
     # -- model ----------------------------------------------------------------------------------
     async def generate(self, request: Request) -> Completion:
@@ -343,8 +320,7 @@ class Engine:
         self.arm = arm
         self.should_stop = should_stop
         self.on_episode_done = on_episode_done
-        totals = store.token_totals()
-        self.usage = Usage(totals["prompt"], totals["completion"], totals["cached_prompt"])
+        self.usage = store.token_totals()
         self._free: asyncio.Queue[int] | None = None
         self.concurrency = min(concurrency or envs.slots, envs.slots)
         self._places: asyncio.Semaphore | None = None
@@ -397,7 +373,12 @@ class Engine:
             if not isinstance(exc, ContextLimitError | ModelRestarted):  # they log their own
                 self.store.log_event("infra_error", f"{type(exc).__name__}: {exc}", episode_id)
             raise
-        self.usage.add(completion)
+        u = self.usage
+        self.usage = Tokens(
+            u.prompt + completion.prompt_tokens,
+            u.completion + completion.completion_tokens,
+            u.cached_prompt + completion.cached_tokens,
+        )
         self.store.add_model_call(
             ModelCall(
                 purpose=request.purpose, game=game, trial=trial, episode_id=episode_id,
@@ -431,7 +412,7 @@ class Engine:
         slot = await self._free.get()
         try:
             for attempt in range(RESTART_RERUNS + 1):
-                episode = _Episode(self, spec, slot, model)
+                episode = _Context(self, spec, slot, model)
                 episode.started = episode.started or attempt > 0
                 try:
                     return await self._attempt(episode, agent, last=attempt == RESTART_RERUNS)
@@ -446,7 +427,7 @@ class Engine:
         finally:
             self._free.put_nowait(slot)
 
-    async def _attempt(self, episode: _Episode, agent: Agent, last: bool) -> EpisodeEnd | None:
+    async def _attempt(self, episode: _Context, agent: Agent, last: bool) -> EpisodeEnd | None:
         """One attempt at an episode: its end; None when the harness failed it; raises
         ModelRestarted when it is to be played again (never on the ``last`` attempt)."""
         spec = episode.spec

@@ -73,8 +73,6 @@ def replay(run_dir: Path, game: str, trial: int, out: TextIO) -> None:
             if s.raw_output.strip() != shown:
                 w(paint(block(s.raw_output, "    raw: "), "dim") + "\n")
         w(block(s.observation) + "\n")
-        if s.verdict:
-            w(paint(f"  evaluator: {_clean(s.verdict)}", "failed") + "\n")
     w("\n" + "-" * 60 + "\n")
     w(f"outcome: {outcome}")
     if row.failure_class and not row.won:

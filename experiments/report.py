@@ -29,28 +29,30 @@ import json
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from itertools import combinations
 from pathlib import Path
 from typing import Any
 
+from agents import arms
 from experiments.errors import RunStoreError
-from experiments.store import Outcome, RunReader, open_reader
+from experiments.store import (
+    CallTotals,
+    EpisodeError,
+    Outcome,
+    RunReader,
+    RunState,
+    Tokens,
+    open_reader,
+)
 from experiments.terminal import escape_controls
-from memory.records import EpisodeStatus, FailureClass
+from memory.records import EndClass, EpisodeStatus, classify_end
 
 # Fixed figure geometry, so the PNGs always have the same pixel size (no tight bbox).
 FIG_SIZE_IN = (8.0, 5.0)
 FIG_DPI = 100
 PNG_SIZE = (int(FIG_SIZE_IN[0] * FIG_DPI), int(FIG_SIZE_IN[1] * FIG_DPI))
 
-# Agent failure classes, in the order plots and tables show them (harness errors are separate;
-# the oscillation stop and the context limit are shown when they happened).
-AGENT_FAILURES = tuple(
-    c.value
-    for c in FailureClass
-    if c not in (FailureClass.INFRA_ERROR, FailureClass.OSCILLATING, FailureClass.CONTEXT_LIMIT)
-)
 ERROR_BAR = "harness error"
 
 CONFIDENCE = 0.95  # of every interval in the report
@@ -88,16 +90,110 @@ def _task_type_of(game: str) -> str:
     return "unknown"
 
 
-def _cost(model: str, tokens: dict[str, int]) -> float:
+def _cost(model: str, tokens: Tokens) -> float:
     try:
         from agents.llm.pricing import cost_usd
     except ImportError:
         return 0.0
-    return float(cost_usd(model, tokens["prompt"], tokens["completion"], tokens["cached_prompt"]))
+    return float(cost_usd(model, tokens.prompt, tokens.completion, tokens.cached_prompt))
 
 
-def summarize(reader: RunReader) -> dict[str, Any]:
-    """The summary of one run (the content of ``summary.json``)."""
+@dataclass(frozen=True)
+class TrialSummary:
+    """One trial: what it ran, what it solved (cumulatively), why its episodes failed."""
+
+    trial: int
+    tasks_run: int
+    newly_solved: int
+    cumulative_solved: int
+    success_rate: float
+    success_ci: tuple[float, float]
+    failed: int
+    errors: int
+    incomplete: int
+    failure_classes: dict[str, int]
+
+
+@dataclass(frozen=True)
+class TaskTypeCount:
+    total: int = 0
+    solved: int = 0
+
+
+@dataclass(frozen=True)
+class ComputePoint:
+    """What the trials up to ``trial`` spent, and the success they reached."""
+
+    trial: int
+    env_steps: int
+    tokens: int
+    cumulative_solved: int
+    success_rate: float
+
+
+@dataclass(frozen=True)
+class Compute:
+    """What the trials spent, cumulatively (see :func:`compute_curve`)."""
+
+    env_steps: int
+    tokens: int
+    replay_steps_included: bool
+    by_trial: tuple[ComputePoint, ...]
+    total_tasks: int
+
+
+@dataclass(frozen=True)
+class EscalationSummary:
+    """Escalation runs: how many unsolved tasks were re-run with which model, and solved."""
+
+    models: tuple[str, ...]
+    tasks: int
+    solved: int
+    games: dict[str, bool]
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """The summary of one run; :meth:`to_dict` is the content of ``summary.json``."""
+
+    model: str
+    arm: str
+    evaluator: str
+    reflect_model: Any
+    memory_size: Any
+    max_steps: Any
+    trials_planned: Any
+    total_tasks: int
+    solved: int
+    success_rate: float
+    success_ci: tuple[float, float]
+    solved_at_trial: dict[str, int | None]
+    trials: tuple[TrialSummary, ...]
+    by_task_type: dict[str, TaskTypeCount]
+    failure_classes: dict[str, int]
+    tokens: Tokens
+    tokens_by_purpose: dict[str, CallTotals]
+    cost_usd: float
+    wall_s: float
+    errors: int
+    episodes: dict[str, int]
+    events: dict[str, int]
+    attempt_errors: tuple[EpisodeError, ...]  # every attempt's harness error, retried ones too
+    status: RunState
+    started_at: Any
+    compute: Compute
+    escalation: EscalationSummary | None
+
+    def to_dict(self) -> dict[str, Any]:
+        errors = [
+            {"episode": e.episode_id, "attempt": e.attempt, "kind": e.kind, "error": e.error}
+            for e in self.attempt_errors
+        ]
+        return {**asdict(self), "status": self.status.to_dict(), "attempt_errors": errors}
+
+
+def summarize(reader: RunReader) -> RunSummary:
+    """The summary of one run."""
     manifest = reader.get_meta("manifest") or {}
     config = manifest.get("config") or {}
     outcomes = reader.outcomes()
@@ -114,11 +210,12 @@ def summarize(reader: RunReader) -> dict[str, Any]:
     total = len(task_types)
 
     arm = str(config.get("agent") or (outcomes[0].arm if outcomes else ""))
+    ends = arms.ends(arm)
     model = str(config.get("model", ""))
     trial_numbers = sorted(set(trial_rows) | {o.trial for o in outcomes})
 
     solved_at: dict[str, int | None] = dict.fromkeys(sorted(task_types))
-    trials: list[dict[str, Any]] = []
+    trials: list[TrialSummary] = []
     for k in trial_numbers:
         in_trial = [o for o in outcomes if o.trial == k]
         ran = trial_rows[k].tasks if k in trial_rows else sorted({o.game for o in in_trial})
@@ -129,74 +226,69 @@ def summarize(reader: RunReader) -> dict[str, Any]:
         cumulative = sum(v is not None for v in solved_at.values())
         failed = [o for o in in_trial if o.status is EpisodeStatus.DONE and not o.won]
         trials.append(
-            {
-                "trial": k,
-                "tasks_run": len(ran),
-                "newly_solved": len(new),
-                "cumulative_solved": cumulative,
-                "success_rate": cumulative / total if total else 0.0,
-                "success_ci": list(wilson_interval(cumulative, total)),
-                "failed": len(failed),
-                "errors": sum(1 for o in in_trial if o.status is EpisodeStatus.ERROR),
-                "incomplete": sum(
+            TrialSummary(
+                trial=k,
+                tasks_run=len(ran),
+                newly_solved=len(new),
+                cumulative_solved=cumulative,
+                success_rate=cumulative / total if total else 0.0,
+                success_ci=wilson_interval(cumulative, total),
+                failed=len(failed),
+                errors=sum(1 for o in in_trial if o.status is EpisodeStatus.ERROR),
+                incomplete=sum(
                     1
                     for o in in_trial
                     if o.status in (EpisodeStatus.RUNNING, EpisodeStatus.INTERRUPTED)
                 ),
-                "failure_classes": _failure_counts(failed),
-            }
+                failure_classes=_failure_counts(failed, ends),
+            )
         )
     solved = sum(v is not None for v in solved_at.values())
 
-    by_type: dict[str, dict[str, int]] = {}
+    by_type: dict[str, TaskTypeCount] = {}
     for game, kind in sorted(task_types.items()):
-        entry = by_type.setdefault(kind, {"total": 0, "solved": 0})
-        entry["total"] += 1
-        entry["solved"] += solved_at[game] is not None
+        entry = by_type.get(kind, TaskTypeCount())
+        by_type[kind] = TaskTypeCount(entry.total + 1, entry.solved + (solved_at[game] is not None))
 
     failed_all = [o for o in outcomes if o.status is EpisodeStatus.DONE and not o.won]
-    compute = compute_curve(reader, outcomes, trials, total)
     tokens = reader.token_totals()
     statuses: dict[str, int] = {}
     for o in outcomes:
         statuses[o.status.value] = statuses.get(o.status.value, 0) + 1
-    return {
-        "model": model,
-        "arm": arm,
-        "evaluator": str(config.get("evaluator", "")),
-        "reflect_model": config.get("reflect_model") or model,
-        "memory_size": config.get("memory_size"),
-        "max_steps": config.get("max_steps"),
-        "trials_planned": config.get("trials"),
-        "total_tasks": total,
-        "solved": solved,
-        "success_rate": solved / total if total else 0.0,
-        "success_ci": list(wilson_interval(solved, total)),
-        "solved_at_trial": solved_at,
-        "trials": trials,
-        "by_task_type": by_type,
-        "failure_classes": _failure_counts(failed_all),
-        "tokens": tokens,
-        "tokens_by_purpose": {p: asdict(c) for p, c in reader.calls_by_purpose().items()},
-        "cost_usd": _cost(model, tokens),
-        "wall_s": _wall_s(reader, outcomes),
-        "errors": statuses.get(EpisodeStatus.ERROR.value, 0),
-        "episodes": statuses,
-        "events": reader.event_counts(),
-        "attempt_errors": [
-            {"episode": e.episode_id, "attempt": e.attempt, "kind": e.kind, "error": e.error}
-            for e in reader.episode_errors()
-        ],
-        "status": reader.run_state().to_dict(),
-        "started_at": manifest.get("started_at"),
-        "compute": compute,
-        "escalation": _escalation(reader, set(solved_at)),
-    }
+    return RunSummary(
+        model=model,
+        arm=arm,
+        evaluator=str(config.get("evaluator", "")),
+        reflect_model=config.get("reflect_model") or model,
+        memory_size=config.get("memory_size"),
+        max_steps=config.get("max_steps"),
+        trials_planned=config.get("trials"),
+        total_tasks=total,
+        solved=solved,
+        success_rate=solved / total if total else 0.0,
+        success_ci=wilson_interval(solved, total),
+        solved_at_trial=solved_at,
+        trials=tuple(trials),
+        by_task_type=by_type,
+        failure_classes=_failure_counts(failed_all, ends),
+        tokens=tokens,
+        tokens_by_purpose=reader.calls_by_purpose(),
+        cost_usd=_cost(model, tokens),
+        wall_s=_wall_s(reader, outcomes),
+        errors=statuses.get(EpisodeStatus.ERROR.value, 0),
+        episodes=statuses,
+        events=reader.event_counts(),
+        attempt_errors=tuple(reader.episode_errors()),
+        status=reader.run_state(),
+        started_at=manifest.get("started_at"),
+        compute=compute_curve(reader, outcomes, trials, total),
+        escalation=_escalation(reader, set(solved_at)),
+    )
 
 
 def compute_curve(
-    reader: RunReader, outcomes: Sequence[Outcome], trials: Sequence[dict[str, Any]], total: int
-) -> dict[str, Any]:
+    reader: RunReader, outcomes: Sequence[Outcome], trials: Sequence[TrialSummary], total: int
+) -> Compute:
     """What the trials spent, cumulatively: env steps (a search's replays included) and tokens
     (every call of the trial: acting, planning, values, reflections), with the success rate."""
     env = reader.env_steps()
@@ -206,44 +298,41 @@ def compute_curve(
         steps_by_trial[o.trial] = steps_by_trial.get(o.trial, 0) + env.get(o.episode_id, 0)
     points, cum_steps, cum_tokens = [], 0, 0
     for t in trials:
-        cum_steps += steps_by_trial.get(t["trial"], 0)
-        cum_tokens += tokens.get(t["trial"], 0)
+        cum_steps += steps_by_trial.get(t.trial, 0)
+        cum_tokens += tokens.get(t.trial, 0)
         points.append(
-            {
-                "trial": t["trial"],
-                "env_steps": cum_steps,
-                "tokens": cum_tokens,
-                "cumulative_solved": t["cumulative_solved"],
-                "success_rate": t["success_rate"],
-            }
+            ComputePoint(t.trial, cum_steps, cum_tokens, t.cumulative_solved, t.success_rate)
         )
     searched = reader.searched_episodes()
-    return {
-        "env_steps": cum_steps,
-        "tokens": cum_tokens,
-        "replay_steps_included": bool(searched & {o.episode_id for o in outcomes}),
-        "by_trial": points,
-        "total_tasks": total,
-    }
+    return Compute(
+        env_steps=cum_steps,
+        tokens=cum_tokens,
+        replay_steps_included=bool(searched & {o.episode_id for o in outcomes}),
+        by_trial=tuple(points),
+        total_tasks=total,
+    )
 
 
-def _escalation(reader: RunReader, tasks: set[str]) -> dict[str, Any] | None:
+def _escalation(reader: RunReader, tasks: set[str]) -> EscalationSummary | None:
     """Escalation runs: how many unsolved tasks were re-run with which model, and solved."""
     runs = [e for e in reader.escalations() if e.outcome.game in tasks]
     if not runs:
         return None
-    return {
-        "models": sorted({e.model for e in runs}),
-        "tasks": len(runs),
-        "solved": sum(e.outcome.won for e in runs),
-        "games": {e.outcome.game: e.outcome.won for e in runs},
-    }
+    return EscalationSummary(
+        models=tuple(sorted({e.model for e in runs})),
+        tasks=len(runs),
+        solved=sum(e.outcome.won for e in runs),
+        games={e.outcome.game: e.outcome.won for e in runs},
+    )
 
 
-def _failure_counts(failed: Sequence[Outcome]) -> dict[str, int]:
-    counts = dict.fromkeys(AGENT_FAILURES, 0)
+def _failure_counts(failed: Sequence[Outcome], ends: tuple[EndClass, ...]) -> dict[str, int]:
+    """Failed episodes by class: every class the arm declares (zero or more), and any other
+    class recorded (the oscillation stop); an end recorded as ``other`` whose verdict names
+    one of the arm's ends is counted as that end."""
+    counts = {e.failure_class.value: 0 for e in ends}
     for o in failed:
-        name = (o.failure_class or FailureClass.OTHER).value
+        name = classify_end(o.failure_class, o.verdict, ends).value
         counts[name] = counts.get(name, 0) + 1
     return counts
 
@@ -262,131 +351,169 @@ def _wall_s(reader: RunReader, outcomes: Sequence[Outcome]) -> float:
     return max(0.0, end - start)
 
 
-def summarize_run(run_dir: Path) -> dict[str, Any]:
+def summarize_run(run_dir: Path) -> RunSummary:
     """``summarize`` of the run in ``run_dir`` (opened read-only)."""
     with open_reader(run_dir) as reader:
         return summarize(reader)
 
 
 # -- comparison ----------------------------------------------------------------------------------
-def comparison_row(label: str, run_dir: Path, s: dict[str, Any]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ComparisonRow:
+    """One run in the model comparison (a row of ``comparison.json``'s ``runs``)."""
+
+    label: str
+    run_dir: str
+    model: str
+    arm: str
+    evaluator: str
+    total_tasks: int
+    solved_trial0: int
+    success_trial0: float
+    success_trial0_ci: tuple[float, float]
+    last_trial: int | None
+    solved_last: int
+    success_last: float
+    success_last_ci: tuple[float, float]
+    tokens: int
+    tokens_per_solved: float | None
+    env_steps: int
+    env_steps_per_solved: float | None
+    cost_usd: float
+    cost_per_solved: float | None
+    wall_s: float
+    errors: int
+
+
+@dataclass(frozen=True)
+class PairedTable:
+    """Two runs over the same tasks at ``trial``: tasks solved by both, one or neither."""
+
+    a: str
+    b: str
+    trial: int
+    tasks: int
+    both: int
+    only_a: int
+    only_b: int
+    neither: int
+    p_value: float
+
+
+def comparison_row(label: str, run_dir: Path, s: RunSummary) -> ComparisonRow:
     """One row of the model comparison table."""
-    total = s["total_tasks"]
-    first = s["trials"][0]["cumulative_solved"] if s["trials"] else 0
-    last = s["trials"][-1]["cumulative_solved"] if s["trials"] else 0
-    tokens = s["tokens"]["prompt"] + s["tokens"]["completion"]
-    return {
-        "label": label,
-        "run_dir": str(run_dir),
-        "model": s["model"],
-        "arm": s["arm"],
-        "evaluator": s["evaluator"],
-        "total_tasks": total,
-        "solved_trial0": first,
-        "success_trial0": first / total if total else 0.0,
-        "success_trial0_ci": list(wilson_interval(first, total)),
-        "last_trial": s["trials"][-1]["trial"] if s["trials"] else None,
-        "solved_last": last,
-        "success_last": last / total if total else 0.0,
-        "success_last_ci": list(wilson_interval(last, total)),
-        "tokens": tokens,
-        "tokens_per_solved": tokens / last if last else None,
-        "env_steps": s["compute"]["env_steps"],
-        "env_steps_per_solved": s["compute"]["env_steps"] / last if last else None,
-        "cost_usd": s["cost_usd"],
-        "cost_per_solved": s["cost_usd"] / last if last else None,
-        "wall_s": s["wall_s"],
-        "errors": s["errors"],
-    }
+    total = s.total_tasks
+    first = s.trials[0].cumulative_solved if s.trials else 0
+    last = s.trials[-1].cumulative_solved if s.trials else 0
+    tokens = s.tokens.total
+    return ComparisonRow(
+        label=label,
+        run_dir=str(run_dir),
+        model=s.model,
+        arm=s.arm,
+        evaluator=s.evaluator,
+        total_tasks=total,
+        solved_trial0=first,
+        success_trial0=first / total if total else 0.0,
+        success_trial0_ci=wilson_interval(first, total),
+        last_trial=s.trials[-1].trial if s.trials else None,
+        solved_last=last,
+        success_last=last / total if total else 0.0,
+        success_last_ci=wilson_interval(last, total),
+        tokens=tokens,
+        tokens_per_solved=tokens / last if last else None,
+        env_steps=s.compute.env_steps,
+        env_steps_per_solved=s.compute.env_steps / last if last else None,
+        cost_usd=s.cost_usd,
+        cost_per_solved=s.cost_usd / last if last else None,
+        wall_s=s.wall_s,
+        errors=s.errors,
+    )
 
 
-def _known_until(s: dict[str, Any]) -> float:
+def _known_until(s: RunSummary) -> float:
     """The last trial whose cumulative success is known: the last played, or forever once every
     task is solved (later trials could not change it)."""
-    if s["total_tasks"] and s["solved"] == s["total_tasks"]:
+    if s.total_tasks and s.solved == s.total_tasks:
         return float("inf")
-    return float(s["trials"][-1]["trial"]) if s["trials"] else -1.0
+    return float(s.trials[-1].trial) if s.trials else -1.0
 
 
-def paired_table(
-    a: dict[str, Any], b: dict[str, Any], trial: int, labels: tuple[str, str]
-) -> dict[str, Any]:
+def paired_table(a: RunSummary, b: RunSummary, trial: int, labels: tuple[str, str]) -> PairedTable:
     """Two runs over the same tasks at ``trial``: each task solved by then in both, only one or
     neither, and McNemar's exact p-value for the difference."""
     both = only_a = only_b = neither = 0
-    for game, at_a in a["solved_at_trial"].items():
-        at_b = b["solved_at_trial"][game]
+    for game, at_a in a.solved_at_trial.items():
+        at_b = b.solved_at_trial[game]
         in_a = at_a is not None and at_a <= trial
         in_b = at_b is not None and at_b <= trial
         both += in_a and in_b
         only_a += in_a and not in_b
         only_b += in_b and not in_a
         neither += not (in_a or in_b)
-    return {
-        "a": labels[0],
-        "b": labels[1],
-        "trial": trial,
-        "tasks": both + only_a + only_b + neither,
-        "both": both,
-        "only_a": only_a,
-        "only_b": only_b,
-        "neither": neither,
-        "p_value": mcnemar_exact(only_a, only_b),
-    }
+    return PairedTable(
+        a=labels[0],
+        b=labels[1],
+        trial=trial,
+        tasks=both + only_a + only_b + neither,
+        both=both,
+        only_a=only_a,
+        only_b=only_b,
+        neither=neither,
+        p_value=mcnemar_exact(only_a, only_b),
+    )
 
 
-def paired_comparisons(
-    summaries: Sequence[dict[str, Any]], labels: Sequence[str]
-) -> list[dict[str, Any]]:
+def paired_comparisons(summaries: Sequence[RunSummary], labels: Sequence[str]) -> list[PairedTable]:
     """Every pair of runs over the same tasks, at trial 0 and at the last trial both have."""
     out = []
     for i, j in combinations(range(len(summaries)), 2):
         a, b = summaries[i], summaries[j]
-        if not a["solved_at_trial"] or set(a["solved_at_trial"]) != set(b["solved_at_trial"]):
+        if not a.solved_at_trial or set(a.solved_at_trial) != set(b.solved_at_trial):
             continue
         until = min(_known_until(a), _known_until(b))
         if until < 0:
             continue
         if until == float("inf"):
-            until = max(a["trials"][-1]["trial"], b["trials"][-1]["trial"])
+            until = max(a.trials[-1].trial, b.trials[-1].trial)
         for trial in sorted({0, int(until)}):
             out.append(paired_table(a, b, trial, (labels[i], labels[j])))
     return out
 
 
 # -- plots ---------------------------------------------------------------------------------------
-def _line_label(s: dict[str, Any], label: str, duplicate: bool) -> str:
-    text = f"{s['model']} · {s['arm']}"
+def _line_label(s: RunSummary, label: str, duplicate: bool) -> str:
+    text = f"{s.model} · {s.arm}"
     return f"{text} ({label})" if duplicate else text
 
 
 def plot_learning_curve(
-    summaries: Sequence[dict[str, Any]],
+    summaries: Sequence[RunSummary],
     labels: Sequence[str],
     path: Path,
-    paired: Sequence[dict[str, Any]] = (),
+    paired: Sequence[PairedTable] = (),
 ) -> Path:
     """Cumulative success rate vs trial, one line per run (like the Reflexion paper's figure),
     each with its Wilson interval as a band; for two runs, the paired test's p-values."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=FIG_SIZE_IN, dpi=FIG_DPI)
-    names = [f"{s['model']} · {s['arm']}" for s in summaries]
+    names = [f"{s.model} · {s.arm}" for s in summaries]
     max_trial = 0
     for s, label, name in zip(summaries, labels, names, strict=True):
-        xs = [t["trial"] for t in s["trials"]]
+        xs = [t.trial for t in s.trials]
         ys = (
-            [100.0 * t["cumulative_solved"] / s["total_tasks"] for t in s["trials"]]
-            if s["total_tasks"]
+            [100.0 * t.cumulative_solved / s.total_tasks for t in s.trials]
+            if s.total_tasks
             else [0.0 for _ in xs]
         )
         max_trial = max([max_trial, *xs])
         (line,) = ax.plot(xs, ys, marker="o", label=_line_label(s, label, names.count(name) > 1))
-        if s["total_tasks"]:
-            lows = [100.0 * t["success_ci"][0] for t in s["trials"]]
-            highs = [100.0 * t["success_ci"][1] for t in s["trials"]]
+        if s.total_tasks:
+            lows = [100.0 * t.success_ci[0] for t in s.trials]
+            highs = [100.0 * t.success_ci[1] for t in s.trials]
             ax.fill_between(xs, lows, highs, color=line.get_color(), alpha=BAND_ALPHA, lw=0)
-        planned = s.get("trials_planned") or 0
-        if xs and s["solved"] == s["total_tasks"] > 0 and xs[-1] < planned - 1:
+        planned = s.trials_planned or 0
+        if xs and s.solved == s.total_tasks > 0 and xs[-1] < planned - 1:
             # every task solved: later trials were not needed, and the rate cannot change
             ax.plot([xs[-1], planned - 1], [ys[-1], ys[-1]], linestyle=":", color=line.get_color())
             xs = [*xs, planned - 1]
@@ -402,23 +529,23 @@ def plot_learning_curve(
     if summaries:
         ax.legend(loc="lower right")
     if len(summaries) == 2 and paired:
-        text = ", ".join(f"trial {p['trial']}: p = {_p(p['p_value'])}" for p in paired)
+        text = ", ".join(f"trial {p.trial}: p = {_p(p.p_value)}" for p in paired)
         ax.text(0.02, 0.97, f"McNemar exact: {text}", transform=ax.transAxes, va="top", fontsize=8)
     return _save(fig, path)
 
 
-def plot_compute(summaries: Sequence[dict[str, Any]], labels: Sequence[str], path: Path) -> Path:
+def plot_compute(summaries: Sequence[RunSummary], labels: Sequence[str], path: Path) -> Path:
     """Cumulative success against env steps (replays included) and against tokens: one line
     per run, a point per trial, so arms are compared at equal compute."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=FIG_SIZE_IN, dpi=FIG_DPI, sharey=True)
-    names = [f"{s['model']} · {s['arm']}" for s in summaries]
+    names = [f"{s.model} · {s.arm}" for s in summaries]
     for s, label, name in zip(summaries, labels, names, strict=True):
-        points = s["compute"]["by_trial"]
-        ys = [100.0 * p["success_rate"] for p in points]
+        points = s.compute.by_trial
+        ys = [100.0 * p.success_rate for p in points]
         text = _line_label(s, label, names.count(name) > 1)
-        for ax, key in zip(axes, ("env_steps", "tokens"), strict=True):
-            ax.plot([p[key] for p in points], ys, marker="o", label=text)
+        axes[0].plot([p.env_steps for p in points], ys, marker="o", label=text)
+        axes[1].plot([p.tokens for p in points], ys, marker="o", label=text)
     axes[0].set_xlabel("env steps (replays included)")
     axes[1].set_xlabel("tokens (all calls)")
     axes[0].set_ylabel("cumulative success rate (%)")
@@ -431,32 +558,32 @@ def plot_compute(summaries: Sequence[dict[str, Any]], labels: Sequence[str], pat
     return _save(fig, path)
 
 
-def plot_failures(summaries: Sequence[dict[str, Any]], labels: Sequence[str], path: Path) -> Path:
+def plot_failures(summaries: Sequence[RunSummary], labels: Sequence[str], path: Path) -> Path:
     """Failure classes per trial as stacked bars (one panel per run); harness errors in grey."""
     plt = _pyplot()
     from matplotlib.ticker import MaxNLocator
 
     n = max(len(summaries), 1)
     fig, axes = plt.subplots(1, n, figsize=FIG_SIZE_IN, dpi=FIG_DPI, sharey=True, squeeze=False)
-    classes = list(AGENT_FAILURES)
+    classes: list[str] = []
     for s in summaries:
-        for t in s["trials"]:
-            classes += [c for c in t["failure_classes"] if c not in classes]
+        for t in s.trials:
+            classes += [c for c in t.failure_classes if c not in classes]
     colors = plt.get_cmap("tab10")
     for i, ax in enumerate(axes[0]):
         if i >= len(summaries):
             ax.set_axis_off()
             continue
         s, label = summaries[i], labels[i]
-        xs = [t["trial"] for t in s["trials"]]
+        xs = [t.trial for t in s.trials]
         bottom = [0.0] * len(xs)
         for j, c in enumerate(classes):
-            ys = [float(t["failure_classes"].get(c, 0)) for t in s["trials"]]
+            ys = [float(t.failure_classes.get(c, 0)) for t in s.trials]
             ax.bar(xs, ys, bottom=bottom, label=c, color=colors(j % 10))
             bottom = [b + y for b, y in zip(bottom, ys, strict=True)]
-        errs = [float(t["errors"]) for t in s["trials"]]
+        errs = [float(t.errors) for t in s.trials]
         ax.bar(xs, errs, bottom=bottom, label=ERROR_BAR, color="#bbbbbb", hatch="//")
-        ax.set_title(_line_label(s, label, True) if len(summaries) > 1 else s["arm"], fontsize=9)
+        ax.set_title(_line_label(s, label, True) if len(summaries) > 1 else s.arm, fontsize=9)
         ax.set_xlabel("trial")
         ax.set_xticks(xs)
     axes[0][0].set_ylabel("failed episodes")
@@ -518,43 +645,43 @@ def _p(p: float) -> str:
     return f"{p:.3g}" if p >= 0.001 else f"{p:.1e}"
 
 
-def trials_table(s: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
+def trials_table(s: RunSummary) -> tuple[list[str], list[list[Any]]]:
     header = ["trial", "tasks run", "newly solved", "cumulative solved", "success", "95% CI"]
     header.append("errors")
     rows = [
         [
-            t["trial"],
-            t["tasks_run"],
-            t["newly_solved"],
-            t["cumulative_solved"],
-            _pct(t["success_rate"]),
-            _ci(t["success_ci"]),
-            t["errors"],
+            t.trial,
+            t.tasks_run,
+            t.newly_solved,
+            t.cumulative_solved,
+            _pct(t.success_rate),
+            _ci(t.success_ci),
+            t.errors,
         ]
-        for t in s["trials"]
+        for t in s.trials
     ]
     return header, rows
 
 
-def task_type_table(s: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
+def task_type_table(s: RunSummary) -> tuple[list[str], list[list[Any]]]:
     header = ["task type", "tasks", "solved", "success"]
     rows = [
-        [kind, v["total"], v["solved"], _pct(v["solved"] / v["total"] if v["total"] else 0.0)]
-        for kind, v in sorted(s["by_task_type"].items())
+        [kind, v.total, v.solved, _pct(v.solved / v.total if v.total else 0.0)]
+        for kind, v in sorted(s.by_task_type.items())
     ]
     return header, rows
 
 
-def calls_table(s: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
+def calls_table(s: RunSummary) -> tuple[list[str], list[list[Any]]]:
     header = ["purpose", "calls", "prompt tokens", "cached", "completion tokens", "errors"]
     rows = [
-        [p, c["calls"], c["prompt"], c["cached_prompt"], c["completion"], c["errors"]]
-        for p, c in sorted(s["tokens_by_purpose"].items())
+        [p, c.calls, c.prompt, c.cached_prompt, c.completion, c.errors]
+        for p, c in sorted(s.tokens_by_purpose.items())
     ]
     return header, rows
 
 
-def comparison_table(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
+def comparison_table(rows: Sequence[ComparisonRow]) -> tuple[list[str], list[list[Any]]]:
     header = [
         "run",
         "model",
@@ -570,55 +697,54 @@ def comparison_table(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[li
     ]
     out = [
         [
-            r["label"],
-            r["model"],
-            r["arm"],
-            r["total_tasks"],
-            _pct(r["success_trial0"]),
-            f"{_pct(r['success_last'])} (trial {r['last_trial']})",
-            _ci(r["success_last_ci"]),
-            _num(r["tokens_per_solved"]),
-            _num(r["cost_per_solved"], "${:.4f}"),
-            f"{r['wall_s']:.0f} s",
-            r["errors"],
+            r.label,
+            r.model,
+            r.arm,
+            r.total_tasks,
+            _pct(r.success_trial0),
+            f"{_pct(r.success_last)} (trial {r.last_trial})",
+            _ci(r.success_last_ci),
+            _num(r.tokens_per_solved),
+            _num(r.cost_per_solved, "${:.4f}"),
+            f"{r.wall_s:.0f} s",
+            r.errors,
         ]
         for r in rows
     ]
     return header, out
 
 
-def compute_table(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
+def compute_table(rows: Sequence[ComparisonRow]) -> tuple[list[str], list[list[Any]]]:
     header = ["run", "arm", "success last trial", "env steps", "env steps / solved", "tokens",
               "tokens / solved"]  # fmt: skip
     out = [
         [
-            r["label"], r["arm"], _pct(r["success_last"]), r["env_steps"],
-            _num(r["env_steps_per_solved"]), r["tokens"], _num(r["tokens_per_solved"]),
+            r.label, r.arm, _pct(r.success_last), r.env_steps, _num(r.env_steps_per_solved),
+            r.tokens, _num(r.tokens_per_solved),
         ]
         for r in rows
     ]  # fmt: skip
     return header, out
 
 
-def escalation_lines(s: dict[str, Any]) -> list[str]:
-    e = s.get("escalation")
-    if not e:
+def escalation_lines(s: RunSummary) -> list[str]:
+    e = s.escalation
+    if e is None:
         return []
     return [
         "### Escalation (apart from the trials)",
         "",
-        f"{e['tasks']} task(s) unsolved after the last trial re-run once with"
-        f" {_md(', '.join(e['models']))}: {e['solved']} solved.",
+        f"{e.tasks} task(s) unsolved after the last trial re-run once with"
+        f" {_md(', '.join(e.models))}: {e.solved} solved.",
         "",
     ]
 
 
-def attempt_error_lines(s: dict[str, Any]) -> list[str]:
+def attempt_error_lines(s: RunSummary) -> list[str]:
     """The harness errors of every attempt (those a retry played over included), when any."""
-    errors = s.get("attempt_errors") or []
-    if not errors:
+    if not s.attempt_errors:
         return []
-    rows = [[e["episode"], e["attempt"], e["kind"], e["error"][:200]] for e in errors]
+    rows = [[e.episode_id, e.attempt, e.kind, e.error[:200]] for e in s.attempt_errors]
     header = ["episode", "attempt", "kind", "error"]
     return [
         "### Harness errors (every attempt; tracebacks in the viewer)",
@@ -628,12 +754,11 @@ def attempt_error_lines(s: dict[str, Any]) -> list[str]:
     ]
 
 
-def paired_table_md(paired: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
+def paired_table_md(paired: Sequence[PairedTable]) -> tuple[list[str], list[list[Any]]]:
     header = ["A", "B", "trial", "tasks", "both", "only A", "only B", "neither", "p (McNemar)"]
     rows = [
         [
-            p["a"], p["b"], p["trial"], p["tasks"], p["both"], p["only_a"], p["only_b"],
-            p["neither"], _p(p["p_value"]),
+            p.a, p.b, p.trial, p.tasks, p.both, p.only_a, p.only_b, p.neither, _p(p.p_value),
         ]
         for p in paired
     ]  # fmt: skip
@@ -641,10 +766,10 @@ def paired_table_md(paired: Sequence[dict[str, Any]]) -> tuple[list[str], list[l
 
 
 def markdown_report(
-    summaries: Sequence[dict[str, Any]],
+    summaries: Sequence[RunSummary],
     labels: Sequence[str],
-    comparison: Sequence[dict[str, Any]],
-    paired: Sequence[dict[str, Any]] = (),
+    comparison: Sequence[ComparisonRow],
+    paired: Sequence[PairedTable] = (),
 ) -> str:
     parts = ["# reflexsim report", ""]
     if len(summaries) > 1:
@@ -670,18 +795,17 @@ def markdown_report(
         else:
             parts += ["No two runs played the same tasks: no paired test.", ""]
     for s, label in zip(summaries, labels, strict=True):
-        t = s["tokens"]
+        t = s.tokens
         parts += [
-            f"## {_md(label)}: {_md(s['model'])} · {_md(s['arm'])} · evaluator"
-            f" {_md(s['evaluator'])}",
+            f"## {_md(label)}: {_md(s.model)} · {_md(s.arm)} · evaluator {_md(s.evaluator)}",
             "",
-            f"Solved {s['solved']} of {s['total_tasks']} tasks ({_pct(s['success_rate'])},"
-            f" {CONFIDENCE:.0%} CI {_ci(s['success_ci'])});"
-            f" {s['errors']} errored episode(s) (harness, not agent).",
-            f"Tokens: {t['prompt']} prompt ({t['cached_prompt']} cached), {t['completion']}"
-            f" completion; cost ${s['cost_usd']:.4f}; wall {s['wall_s']:.0f} s.",
-            f"Env steps: {s['compute']['env_steps']}"
-            + (" (replays included)" if s["compute"]["replay_steps_included"] else "")
+            f"Solved {s.solved} of {s.total_tasks} tasks ({_pct(s.success_rate)},"
+            f" {CONFIDENCE:.0%} CI {_ci(s.success_ci)});"
+            f" {s.errors} errored episode(s) (harness, not agent).",
+            f"Tokens: {t.prompt} prompt ({t.cached_prompt} cached), {t.completion}"
+            f" completion; cost ${s.cost_usd:.4f}; wall {s.wall_s:.0f} s.",
+            f"Env steps: {s.compute.env_steps}"
+            + (" (replays included)" if s.compute.replay_steps_included else "")
             + ".",
             "",
             *escalation_lines(s),
@@ -699,7 +823,7 @@ def markdown_report(
             "",
             "### Failure classes (failed episodes, all trials)",
             "",
-            _md_table(["class", "episodes"], sorted(s["failure_classes"].items())),
+            _md_table(["class", "episodes"], sorted(s.failure_classes.items())),
             "",
             *attempt_error_lines(s),
         ]
@@ -747,11 +871,14 @@ def write_report(run_dirs: Sequence[Path], out_dir: Path | None = None) -> Path:
     ]
     paired = paired_comparisons(summaries, labels)
     if len(dirs) == 1:
-        _write_json(out / "summary.json", summaries[0])
+        _write_json(out / "summary.json", summaries[0].to_dict())
     else:
         for label, s in zip(labels, summaries, strict=True):
-            _write_json(out / f"summary-{label}.json", s)
-        _write_json(out / "comparison.json", {"runs": comparison, "paired": paired})
+            _write_json(out / f"summary-{label}.json", s.to_dict())
+        _write_json(
+            out / "comparison.json",
+            {"runs": [asdict(r) for r in comparison], "paired": [asdict(p) for p in paired]},
+        )
     plot_learning_curve(summaries, labels, out / "learning_curve.png", paired)
     plot_failures(summaries, labels, out / "failures.png")
     plot_compute(summaries, labels, out / "compute.png")
@@ -766,7 +893,7 @@ def write_report(run_dirs: Sequence[Path], out_dir: Path | None = None) -> Path:
             "failures": out / "failures.png",
             "compute": out / "compute.png",
         },
-        comparison=comparison if len(dirs) > 1 else None,
+        comparison=[asdict(r) for r in comparison] if len(dirs) > 1 else None,
     )
     return out
 

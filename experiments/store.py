@@ -100,7 +100,7 @@ _TABLES_V1 = (
     latency_s REAL NOT NULL,
     reward REAL NOT NULL,
     won INTEGER NOT NULL,
-    verdict TEXT,
+    verdict TEXT,                    -- unused (always NULL): an episode's verdict is on its row
     created_at REAL NOT NULL,
     PRIMARY KEY (episode_id, idx)
 )""",
@@ -294,7 +294,7 @@ _V1_READ_VIEWS = (
 
 STEP_COLUMNS = (
     "idx", "kind", "raw_output", "action", "observation", "admissible", "prompt_tokens",
-    "completion_tokens", "cached_tokens", "latency_s", "reward", "won", "verdict",
+    "completion_tokens", "cached_tokens", "latency_s", "reward", "won",
 )  # fmt: skip
 
 _OUTCOME_COLUMNS = (
@@ -304,33 +304,6 @@ _OUTCOME_COLUMNS = (
 
 
 # -- records -------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class EpisodeRow:
-    """An episode with its prompt prefix and outcome (steps are read separately)."""
-
-    episode_id: str
-    game: str
-    task_type: str
-    trial: int
-    arm: str
-    status: EpisodeStatus
-    won: bool
-    failure_class: FailureClass | None
-    verdict: str | None
-    judge_verdict: str | None
-    judge_reason: str | None
-    error: str | None
-    prompt_prefix: str
-    observation: str
-    task: str
-    memory_json: str
-    attempts: int
-    resimulated: int
-    started_at: float
-    finished_at: float | None
-    seed: int | None = None  # the actor's sampling seed (None in stores older than v2)
-
-
 @dataclass(frozen=True)
 class Outcome:
     """An episode without its prompt and steps: what reports and the task list need."""
@@ -347,6 +320,22 @@ class Outcome:
     judge_verdict: str | None
     started_at: float
     finished_at: float | None
+
+
+@dataclass(frozen=True)
+class EpisodeRow(Outcome):
+    """An episode's outcome with its prompt prefix and the rest of its row (steps are read
+    separately)."""
+
+    judge_reason: str | None
+    error: str | None
+    prompt_prefix: str
+    observation: str
+    task: str
+    memory_json: str
+    attempts: int
+    resimulated: int
+    seed: int | None = None  # the actor's sampling seed (None in stores older than v2)
 
 
 @dataclass(frozen=True)
@@ -386,6 +375,19 @@ class EpisodeError:
     error: str
     traceback: str
     created_at: float
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """Tokens of model calls, summed."""
+
+    prompt: int
+    completion: int
+    cached_prompt: int
+
+    @property
+    def total(self) -> int:
+        return self.prompt + self.completion
 
 
 @dataclass(frozen=True)
@@ -1039,13 +1041,13 @@ class RunReader:
             for r in rows
         }
 
-    def token_totals(self) -> dict[str, int]:
-        """Tokens of every model call, all purposes: ``prompt``, ``completion``, ``cached_prompt``."""
+    def token_totals(self) -> Tokens:
+        """Tokens of every model call, all purposes."""
         row = self._conn.execute(
             "SELECT COALESCE(SUM(prompt_tokens), 0) p, COALESCE(SUM(completion_tokens), 0) c,"
             " COALESCE(SUM(cached_tokens), 0) k FROM call_totals"
         ).fetchone()
-        return {"prompt": row["p"], "completion": row["c"], "cached_prompt": row["k"]}
+        return Tokens(row["p"], row["c"], row["k"])
 
     def task_ends(self, manifest: dict[str, Any] | None = None) -> dict[str, TaskEnd]:
         """The tasks with no trial left, and why. A store made before they were kept derives
@@ -1301,12 +1303,6 @@ class RunStore(RunReader):
                 " error=NULL, finished_at=NULL, attempts=attempts+1 WHERE episode_id=?",
                 (EpisodeStatus.RUNNING.value, episode),
             )
-
-    def discard_episode(self, episode: str) -> None:
-        with self.transaction():
-            self._conn.execute("DELETE FROM steps WHERE episode_id=?", (episode,))
-            self._forget_search(episode)
-            self._conn.execute("DELETE FROM episodes WHERE episode_id=?", (episode,))
 
     def _forget_search(self, episode: str) -> None:
         for table in ("search_nodes", "search_iterations", "search_ends"):

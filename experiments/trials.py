@@ -32,7 +32,7 @@ from agents.memory_policy import NO_MEMORY, Failed, MemoryPolicy
 from agents.reflexion import ReflexionSettings
 from experiments.engine import RESTART_RERUNS, Engine, ModelClient, StopRun
 from experiments.store import EpisodeRow, RunStore, TaskEnd, episode_id, escalation_id
-from memory.records import EpisodeStatus, FailureClass, Reflection, Step, StepKind
+from memory.records import EpisodeStatus, FailureClass, Reflection, Step, env_actions
 
 log = logging.getLogger("reflexsim.trials")
 
@@ -201,9 +201,9 @@ class TrialLoop:
         if row.failure_class == FailureClass.OSCILLATING:
             return FailureClass.OSCILLATING.value
         if guards.oscillation_stop and trial > 0:
-            actions = _actions(store, row.episode_id)
+            actions = env_actions(store.steps(row.episode_id))
             for earlier in range(trial):
-                if _actions(store, episode_id(task.game, earlier)) == actions:
+                if env_actions(store.steps(episode_id(task.game, earlier))) == actions:
                     verdict = f"trial {trial} repeated trial {earlier}'s {len(actions)} actions"
                     store.set_failure_class(row.episode_id, FailureClass.OSCILLATING.value, verdict)
                     store.log_event("oscillation", verdict, row.episode_id)
@@ -352,10 +352,6 @@ class TrialLoop:
             if k < lowest:
                 self.store.finish_trial(k)
                 self._open_trials.discard(k)
-
-
-def _actions(store: RunStore, episode: str) -> list[str]:
-    return [s.action for s in store.steps(episode) if s.kind == StepKind.ACT]
 
 
 class _Past:

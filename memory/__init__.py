@@ -4,7 +4,6 @@ Standard library only: every other package may import this one.
 """
 
 from memory.records import (
-    Episode,
     EpisodeStatus,
     ExplorationFact,
     FailureClass,
@@ -16,7 +15,6 @@ from memory.records import (
 from memory.window import TaskMemory
 
 __all__ = [
-    "Episode",
     "EpisodeStatus",
     "ExplorationFact",
     "FailureClass",

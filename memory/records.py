@@ -7,6 +7,7 @@ always typed data and never text parsed back.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Self
@@ -34,6 +35,38 @@ class FailureClass(StrEnum):
     OTHER = "other"
     OSCILLATING = "oscillating"  # repeated an earlier trial's actions exactly: not retried
     CONTEXT_LIMIT = "context_limit"  # its prompt outgrew the model's context: not retried
+    # how a tree search (agents.lats) ended without a win
+    SEARCH_ITERATIONS = "search_iterations"  # its iteration budget was spent
+    SEARCH_NODES = "search_nodes"  # its node cap was reached
+    SEARCH_ENV_STEPS = "search_env_steps"  # its env step budget (replays included) was spent
+    SEARCH_TOKENS = "search_tokens"  # its token budget was spent
+    SEARCH_TIME = "search_time"  # its wall-time budget was spent
+    SEARCH_EXHAUSTED = "search_exhausted"  # every branch failed
+
+
+@dataclass(frozen=True)
+class EndClass:
+    """One way an arm's episodes can end unwon: its failure class and, for an end the agent
+    tells apart by its verdict, the words that verdict carries (``marker``)."""
+
+    failure_class: FailureClass
+    marker: str = ""
+
+
+def classify_end(
+    failure_class: str | None, verdict: str | None, ends: tuple[EndClass, ...]
+) -> FailureClass:
+    """The class of an unwon episode's end: the recorded one, unless that is ``other`` (or none)
+    and the verdict carries one of ``ends``' markers: then that end's class. Applied when the
+    agent ends an episode and again on read, so ends recorded as ``other`` before their arm
+    declared a class for them are classed too."""
+    recorded = FailureClass(failure_class) if failure_class else FailureClass.OTHER
+    if recorded is not FailureClass.OTHER or not verdict:
+        return recorded
+    for end in ends:
+        if end.marker and end.marker in verdict:
+            return end.failure_class
+    return recorded
 
 
 class _Record:
@@ -65,7 +98,32 @@ class Step(_Record):
     latency_s: float = 0.0
     reward: float = 0.0
     won: bool = False
-    verdict: str | None = None  # evaluator verdict after this step, if it ended the episode
+
+
+@dataclass(frozen=True)
+class EnvReply:
+    """What the game answered to a reset or a step. After a reset, reward is 0.0 and both flags
+    are False (unless replayed actions ended the episode: then they are the last replayed step's)."""
+
+    observation: str
+    reward: float = 0.0
+    terminated: bool = False
+    truncated: bool = False
+    info: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def won(self) -> bool:
+        return bool(self.terminated and self.info.get("won"))
+
+    @property
+    def admissible(self) -> tuple[str, ...]:
+        return tuple(self.info.get("admissible_commands") or ())
+
+
+def env_actions(steps: Iterable[Step]) -> tuple[str, ...]:
+    """The actions of ``steps`` that reached the env (thoughts and invalid outputs never do):
+    what re-simulates an episode, and what two trials compare."""
+    return tuple(s.action for s in steps if s.kind == StepKind.ACT)
 
 
 @dataclass(frozen=True)
@@ -112,29 +170,6 @@ class ExplorationFact(_Record):
     def from_dict(cls, data: dict[str, Any]) -> Self:
         data = dict(data)
         data["contents"] = tuple(data.get("contents", ()))
-        return super().from_dict(data)
-
-
-@dataclass(frozen=True)
-class Episode(_Record):
-    """One trial of one task: the steps and the outcome."""
-
-    episode_id: str
-    game: str
-    task_type: str
-    trial: int
-    arm: str
-    won: bool = False
-    status: str = EpisodeStatus.DONE.value
-    failure_class: str | None = None
-    steps: tuple[Step, ...] = field(default_factory=tuple)
-    judge_verdict: str | None = None  # LLM evaluator's opinion, never the success metric
-    error: str | None = None
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Self:
-        data = dict(data)
-        data["steps"] = tuple(Step.from_dict(s) for s in data.get("steps", ()))
         return super().from_dict(data)
 
 

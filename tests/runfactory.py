@@ -93,10 +93,7 @@ def episode_steps(outcome: str) -> list[Step]:
                  "You move the apple 1 to the fridge 1.", reward=1.0, won=True)
         )  # fmt: skip
     elif outcome.startswith("fail:"):
-        steps.append(
-            step(4, "act", " look", "look", "You are in the middle of a room.",
-                 verdict=outcome.removeprefix("fail:"))
-        )  # fmt: skip
+        steps.append(step(4, "act", " look", "look", "You are in the middle of a room."))
     return steps
 
 

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 from gameruns import game_run
 
-from agents.episode import EnvReply
 from agents.llm.base import Completion, Request
 from agents.llm.ground_truth import GroundTruth, Walkthroughs
 from agents.llm.markers import MEMORY_MARKER
@@ -22,7 +21,7 @@ from experiments.config import RunConfig
 from experiments.report import summarize
 from experiments.session import run
 from experiments.store import RunStore
-from memory.records import SearchTree, Step, StepKind
+from memory.records import EnvReply, FailureClass, SearchTree, Step, StepKind
 
 WT = ["go to cabinet 2", "open cabinet 2", "take bottle 1 from cabinet 2", "go to sinkbasin 1",
       "move bottle 1 to sinkbasin 1"]  # fmt: skip
@@ -134,6 +133,8 @@ def test_budgets_end_the_search(generated_games: Path, tmp_path: Path) -> None:
     tree = store.search_tree(episode.episode_id)
     assert tree is not None and tree.end is not None
     assert not episode.won and "env step budget (3" in (episode.verdict or "")
+    # the arm declares this end: the episode records its class, not "other"
+    assert episode.failure_class in (FailureClass.SEARCH_ENV_STEPS, FailureClass.INVALID_ACTIONS)
     assert sum(it.env_steps + it.replay_steps for it in tree.iterations) == 3
     assert store.env_steps()[episode.episode_id] == 3
 
@@ -259,8 +260,8 @@ def test_random_proposer_with_the_oracle_value_wins_most_games(
             f" replayed; react {sum(react.env_steps().values())} env steps"
         )
     assert lats_won >= 5 and react_won <= 1  # at least 80%
-    compute = summarize(lats)["compute"]
-    assert compute["env_steps"] == sum(steps.values()) and compute["replay_steps_included"]
+    compute = summarize(lats).compute
+    assert compute.env_steps == sum(steps.values()) and compute.replay_steps_included
 
 
 @pytest.mark.slow
@@ -315,13 +316,13 @@ def test_reports_compare_arms_at_equal_compute(tmp_path: Path) -> None:
     b = make_run(tmp_path / "react", baseline_tasks(), arm="react")
     out = write_report([a, b], tmp_path / "report")
     store = RunStore(a, readonly=True)
-    compute = summarize(store)["compute"]
+    compute = summarize(store).compute
     acts = sum(1 for e in store.episodes() for s in store.steps(e.episode_id) if s.kind == "act")
-    assert compute["env_steps"] == acts and not compute["replay_steps_included"]
-    points = compute["by_trial"]
-    assert [p["trial"] for p in points] == [0, 1, 2]
-    assert points[-1]["tokens"] == store.progress().tokens  # every call, reflections included
-    assert all(x["env_steps"] <= y["env_steps"] for x, y in zip(points, points[1:], strict=False))
+    assert compute.env_steps == acts and not compute.replay_steps_included
+    points = compute.by_trial
+    assert [p.trial for p in points] == [0, 1, 2]
+    assert points[-1].tokens == store.progress().tokens  # every call, reflections included
+    assert all(x.env_steps <= y.env_steps for x, y in zip(points, points[1:], strict=False))
     md = (out / "report.md").read_text()
     assert "## Success at equal compute" in md and "env steps / solved" in md
     assert (out / "compute.png").stat().st_size > 0

@@ -64,7 +64,7 @@ def _files(package: str) -> list[Path]:
 def test_import_direction():
     allowed = {
         "memory": set(),
-        "envs": {"envs"},
+        "envs": {"envs", "memory"},  # memory: the standard-library records every package shares
         "agents": {"agents", "memory"},
         "experiments": set(PACKAGES),
     }

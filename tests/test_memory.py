@@ -1,7 +1,7 @@
 import pytest
 
 from agents.explore import extract_facts
-from memory import Episode, ExplorationFact, Reflection, Step, TaskMemory
+from memory import ExplorationFact, Reflection, Step, TaskMemory
 
 
 def refl(trial, task="g"):
@@ -34,8 +34,7 @@ def test_window_zero_and_wrong_task():
 
 def test_records_round_trip():
     s = Step(index=0, kind="act", raw_output=" go", action="go", observation="o")
-    e = Episode(episode_id="g#t0", game="g", task_type="put", trial=0, arm="reflexion", steps=(s,))
-    assert Episode.from_dict(e.to_dict()) == e
+    assert Step.from_dict(s.to_dict()) == s
     f = ExplorationFact(place="drawer 1", contents=("pen 1",), trial=0)
     assert ExplorationFact.from_dict(f.to_dict()) == f
     with pytest.raises(ValueError):

@@ -90,8 +90,8 @@ def _assert_counted_and_kept(run_dir: Path, cfg: RunConfig, limited: int) -> dic
     try:
         summary = summarize(reader)
         calls = len(reader.model_calls())
-        assert summary["errors"] == 0 and summary["status"]["complete"]
-        assert summary["failure_classes"]["context_limit"] == limited
+        assert summary.errors == 0 and summary.status.complete
+        assert summary.failure_classes["context_limit"] == limited
         assert len(reader.events("context_limit")) == limited
     finally:
         reader.close()

@@ -16,7 +16,8 @@ import pytest
 from envs.alfworld_env import ALFWorldEnv
 from envs.discovery import SPLITS
 from envs.errors import EnvError
-from envs.pool import EnvPool, EnvSpec, Reset, StepResult, SyncEnvPool, WorkerCrashed
+from envs.pool import EnvPool, EnvSpec, Reset, SyncEnvPool, WorkerCrashed
+from memory.records import EnvReply
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "alfworld_data"
 SPLIT = "eval_in_distribution"
@@ -89,7 +90,7 @@ def spec(games: dict[str, list[str]]) -> EnvSpec:
 Trace = list[tuple[str, tuple[str, ...], float, bool]]
 
 
-def trace(result: StepResult) -> tuple[str, tuple[str, ...], float, bool]:
+def trace(result: EnvReply) -> tuple[str, tuple[str, ...], float, bool]:
     return (
         result.observation,
         tuple(result.info["admissible_commands"]),
@@ -132,14 +133,14 @@ def test_two_workers_match_one_env_played_sequentially(
     got: dict[str, Trace] = {}
     for slot, game in enumerate(names):
         result = started[slot]
-        assert isinstance(result, StepResult)
+        assert isinstance(result, EnvReply)
         got[game] = [trace(result)]
     assert pool.pid(0) != pool.pid(1)
     # step both slots together; the shorter episode finishes first and drops out
     for i in range(max(len(script(games, g)) for g in names)):
         actions = {s: script(games, g)[i] for s, g in enumerate(names) if i < len(script(games, g))}
         for slot, result in pool.step_many(actions).items():
-            assert isinstance(result, StepResult), result
+            assert isinstance(result, EnvReply), result
             got[names[slot]].append(trace(result))
     assert got == reference
     assert all(steps[-1][2:] == (1.0, True) for steps in got.values())
@@ -165,7 +166,7 @@ def test_killed_worker_is_replaced_and_the_other_slot_carries_on(
     names = list(games)
     pool.reset_many({0: Reset(names[0]), 1: Reset(names[1])})
     first = pool.step_many({0: "look", 1: "look"})
-    assert all(isinstance(r, StepResult) for r in first.values())
+    assert all(isinstance(r, EnvReply) for r in first.values())
     victim = pool.pid(1)
     assert victim is not None
     restarts = pool.restarts
@@ -177,7 +178,7 @@ def test_killed_worker_is_replaced_and_the_other_slot_carries_on(
     assert (crash.slot, crash.actions, crash.pending) == (1, ("look",), "dance")
     assert crash.game == names[1]
     assert "signal 9" in str(crash) and "replay" in str(crash)
-    assert isinstance(results[0], StepResult)
+    assert isinstance(results[0], EnvReply)
     assert trace(results[0]) == reference[names[0]][2]
     assert pool.restarts == restarts + 1 and pool.pid(1) not in (None, victim)
 
@@ -223,7 +224,7 @@ def test_hung_worker_times_out_and_is_replaced() -> None:
         crash = results[0]
         assert isinstance(crash, WorkerCrashed) and "timed out" in crash.reason
         assert (crash.actions, crash.pending, crash.game) == (("heavy", "wave"), "sleep 60", "a")
-        assert isinstance(results[1], StepResult) and results[1].observation == "did wave"
+        assert isinstance(results[1], EnvReply) and results[1].observation == "did wave"
         assert pool.pid(0) != hung
         assert hung is not None and not _alive(hung)
         # the slot is lost until it is reset; then the fresh worker serves it
@@ -259,13 +260,13 @@ def test_more_slots_than_workers() -> None:
         started = pool.reset_many({s: Reset(f"g{s}") for s in range(4)})
         assert {r.info["pid"] for r in started.values()} == {pool.pid(0), pool.pid(1)}  # type: ignore[union-attr]
         results = pool.step_many({0: "wave", 2: "sleep 60", 1: "wave", 3: "wave"})
-        assert isinstance(results[0], StepResult)  # answered before the hang
+        assert isinstance(results[0], EnvReply)  # answered before the hang
         assert isinstance(results[2], WorkerCrashed) and results[2].pending == "sleep 60"
-        assert all(isinstance(results[s], StepResult) for s in (1, 3))  # the other worker
+        assert all(isinstance(results[s], EnvReply) for s in (1, 3))  # the other worker
         # slot 0's env died with its worker: its next call says so
         lost = pool.step_many({0: "wave", 1: "wave"})
         assert isinstance(lost[0], WorkerCrashed) and lost[0].actions == ("wave",)
-        assert isinstance(lost[1], StepResult) and lost[1].info["steps"] == 2
+        assert isinstance(lost[1], EnvReply) and lost[1].info["steps"] == 2
 
 
 def test_a_new_episode_goes_to_the_worker_with_less_work(tmp_path: Path) -> None:
@@ -313,7 +314,7 @@ def test_submit_and_collect_hand_back_each_answer_when_it_arrives(tmp_path: Path
         sync.submit({0: "wave", 1: "wave"})
         assert sync.in_flight == {0, 1}
         answers = sync.collect()
-        assert isinstance(answers[0], StepResult) and isinstance(answers[1], EnvError)
+        assert isinstance(answers[0], EnvReply) and isinstance(answers[1], EnvError)
 
 
 def test_bad_pool_arguments() -> None:

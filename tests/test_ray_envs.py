@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 
-from envs.pool import EnvSpec, Reset, StepResult, WorkerCrashed
+from envs.pool import EnvSpec, Reset, WorkerCrashed
 from experiments.config import RunConfig
 from experiments.errors import ConfigError
 from experiments.session import run
 from experiments.store import RunStore
+from memory.records import EnvReply
 from tests.raycluster import ray_cluster
 from tests.test_runner import snapshot
 
@@ -37,7 +38,7 @@ def test_actors_spread_over_the_nodes_answer_like_workers_and_are_replaced(clust
 
     with RayEnvPool(SLEEPY, workers=2, timeout_s=8) as pool:
         started = pool.reset_many({0: Reset("a"), 1: Reset("b")})
-        assert all(isinstance(r, StepResult) for r in started.values()), started
+        assert all(isinstance(r, EnvReply) for r in started.values()), started
         assert {r.observation for r in started.values()} == {"awake"}  # type: ignore[union-attr]
         assert pool.step(0, "heavy").observation == ""  # nothing heavy imported in an actor
         assert pool.step(1, "wave").info["steps"] == 1
@@ -58,7 +59,7 @@ def test_actors_spread_over_the_nodes_answer_like_workers_and_are_replaced(clust
             "dance",
             "b",
         )
-        assert isinstance(results[0], StepResult) and results[0].info["steps"] == 2
+        assert isinstance(results[0], EnvReply) and results[0].info["steps"] == 2
         assert pool.restarts == 1
         replayed = pool.reset(1, crash.game, replay=crash.actions)  # re-simulated on a new actor
         assert replayed.info["steps"] == 1
@@ -68,7 +69,7 @@ def test_actors_spread_over_the_nodes_answer_like_workers_and_are_replaced(clust
         results = pool.step_many({0: "sleep 60", 1: "wave"})
         assert isinstance(results[0], WorkerCrashed) and "timed out" in results[0].reason
         assert results[0].actions == ("heavy", "wave") and results[0].pending == "sleep 60"
-        assert isinstance(results[1], StepResult)
+        assert isinstance(results[1], EnvReply)
         with pytest.raises(WorkerCrashed):
             pool.step(0, "wave")
         assert pool.reset(0, "a", replay=("wave",)).info["steps"] == 1

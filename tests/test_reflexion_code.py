@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from agents import reflexion_code as code
-from agents.episode import EnvReply, EpisodeSpec
+from agents.episode import EpisodeSpec
 from agents.evaluators import CodeEvaluator
 from agents.llm.base import Completion, GenerationConfig, Request
 from agents.parsing import GroundingRules
@@ -29,7 +29,7 @@ from experiments.config import RunConfig
 from experiments.errors import ConfigError
 from experiments.session import run
 from experiments.store import RunStore
-from memory.records import Reflection, Step
+from memory.records import EnvReply, Reflection, Step
 from tests.gameruns import game_run
 
 GOLDEN = Path(__file__).parent / "golden" / "reflexion_code"

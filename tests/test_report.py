@@ -17,6 +17,7 @@ from runfactory import (
     COMMITTED_V1,
     REFLECTION_COMPLETION_TOKENS,
     REFLECTION_PROMPT_TOKENS,
+    RESULTS,
     STEP_CACHED_TOKENS,
     STEP_COMPLETION_TOKENS,
     STEP_PROMPT_TOKENS,
@@ -208,19 +209,20 @@ def test_judge_and_every_other_call_count_in_tokens_and_cost(tmp_path: Path) -> 
     run = record_calls(make_run(tmp_path / "llm", standard_tasks(), evaluator="llm"))
     s = summarize_run(run)
     judged = query(run, "SELECT COUNT(*) FROM episodes WHERE judge_verdict IS NOT NULL")[0][0]
-    assert judged == 8 and s["tokens_by_purpose"]["judge"]["calls"] == judged
-    by_purpose = s["tokens_by_purpose"]
-    for key in ("prompt", "completion", "cached_prompt"):
-        assert s["tokens"][key] == sum(c[key] for c in by_purpose.values())
+    assert judged == 8 and s.tokens_by_purpose["judge"].calls == judged
+    by_purpose = s.tokens_by_purpose.values()
+    assert s.tokens.prompt == sum(c.prompt for c in by_purpose)
+    assert s.tokens.completion == sum(c.completion for c in by_purpose)
+    assert s.tokens.cached_prompt == sum(c.cached_prompt for c in by_purpose)
     (steps_p,) = query(run, "SELECT SUM(prompt_tokens) FROM steps")[0]
-    assert s["tokens"]["prompt"] == (
+    assert s.tokens.prompt == (
         steps_p + 5 * REFLECTION_PROMPT_TOKENS + judged * JUDGE_PROMPT_TOKENS
     )
     # the budget check and the progress line read the same totals
     with open_reader(run) as reader:
-        assert reader.token_totals() == s["tokens"]
-        assert reader.progress().tokens == s["tokens"]["prompt"] + s["tokens"]["completion"]
-        assert reader.progress().solved == s["solved"] == 3
+        assert reader.token_totals() == s.tokens
+        assert reader.progress().tokens == s.tokens.total
+        assert reader.progress().solved == s.solved == 3
 
 
 def test_cost_comes_from_the_price_table(tmp_path: Path) -> None:
@@ -228,9 +230,9 @@ def test_cost_comes_from_the_price_table(tmp_path: Path) -> None:
     run = make_run(tmp_path / "api", [task("put", 1, "won")], model="openai:gpt-4o", trials=1)
     record_calls(run)
     s = summarize_run(run)
-    t = s["tokens"]
-    expected = pricing.cost_usd("openai:gpt-4o", t["prompt"], t["completion"], t["cached_prompt"])
-    assert s["cost_usd"] == pytest.approx(expected) and expected > 0
+    t = s.tokens
+    expected = pricing.cost_usd("openai:gpt-4o", t.prompt, t.completion, t.cached_prompt)
+    assert s.cost_usd == pytest.approx(expected) and expected > 0
 
 
 def test_pngs_are_real_images_of_the_right_size(report_dir: Path) -> None:
@@ -311,9 +313,9 @@ def test_a_run_still_being_written(tmp_path: Path) -> None:
         complete=False,
     )
     s = summarize_run(run)
-    assert s["trials"][0]["incomplete"] == 1 and s["trials"][0]["cumulative_solved"] == 1
-    assert s["status"]["status"] == "interrupted" and s["wall_s"] > 0
-    assert s["failure_classes"]["other"] == 0 and s["errors"] == 0
+    assert s.trials[0].incomplete == 1 and s.trials[0].cumulative_solved == 1
+    assert s.status.status == "interrupted" and s.wall_s > 0
+    assert s.failure_classes["other"] == 0 and s.errors == 0
 
 
 def test_bad_run_dir_is_a_one_line_error(tmp_path: Path) -> None:
@@ -396,8 +398,8 @@ def test_a_real_run_report_and_its_prompts(
 
 
 # -- the committed results ------------------------------------------------------------------------
-SAME_KEYS = ("total_tasks", "solved", "success_rate", "by_task_type", "failure_classes", "tokens",
-             "errors", "episodes", "wall_s", "model", "arm")  # fmt: skip
+SAME_KEYS = ("total_tasks", "solved", "success_rate", "by_task_type", "tokens", "errors",
+             "episodes", "wall_s", "model", "arm")  # fmt: skip
 
 
 @pytest.mark.parametrize("run_dir", COMMITTED, ids=lambda p: f"{p.parent.name}/{p.name}")
@@ -413,6 +415,12 @@ def test_committed_results_still_render(run_dir: Path, tmp_path: Path) -> None:
     s = json.loads((write_report([copy]) / "summary.json").read_text())
     committed = json.loads((run_dir / "summary.json").read_text())
     assert {k: s[k] for k in SAME_KEYS} == {k: committed[k] for k in SAME_KEYS}
+    # the same failures; only those stored as "other" may now be the arm's own ends (LATS)
+    failures, before = s["failure_classes"], committed["failure_classes"]
+    assert sum(failures.values()) == sum(before.values())
+    assert {c: n for c, n in before.items() if c != "other"} == {
+        c: failures[c] for c in before if c != "other"
+    }
     assert [t["cumulative_solved"] for t in s["trials"]] == [
         t["cumulative_solved"] for t in committed["trials"]
     ]
@@ -441,3 +449,21 @@ def test_reading_committed_results_in_place_changes_nothing() -> None:
         reader.token_totals()
     after = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in run_dir.iterdir()}
     assert after == before
+
+
+LATS_RUN = RESULTS / "arms-cpu-valid_seen" / "gemma3-270m-lats-reflexion"
+
+
+@pytest.mark.skipif(not LATS_RUN.is_dir(), reason="no committed LATS run in this checkout")
+def test_committed_lats_failures_are_classed_by_the_arms_ends() -> None:
+    """The committed LATS + Reflexion run stored its 12 failures as "other" with the search's
+    reason in the verdict: read in place, the report counts them as the search end LATS
+    declares (iteration budget), and the viewer shows the same class."""
+    from experiments.viewer.data import run_index
+
+    s = summarize_run(LATS_RUN)
+    assert s.arm == "lats+reflexion" and sum(s.failure_classes.values()) == 12
+    assert s.failure_classes["search_iterations"] == 12 and s.failure_classes["other"] == 0
+    with open_reader(LATS_RUN) as reader:
+        shown = {e["failure_class"] for e in run_index(reader, 0, "lats", None)["episodes"]}
+    assert shown - {None} == {"search_iterations"}

@@ -58,7 +58,7 @@ def test_a_trial_that_repeats_an_earlier_one_stops_the_task(
     assert episodes[1].failure_class == FailureClass.OSCILLATING
     assert episodes[1].verdict is not None and "repeated trial 0" in episodes[1].verdict
     assert len(store.events("oscillation")) == 1
-    assert summarize(store)["failure_classes"]["oscillating"] == 1
+    assert summarize(store).failure_classes["oscillating"] == 1
     # given up by a rule: the run is complete with trials 2 and 3 unplayed
     assert store.task_ends() == {episodes[0].game: "oscillating"} and store.run_state().complete
 
@@ -231,5 +231,5 @@ def test_escalation_reruns_only_unsolved_tasks_with_the_second_model(
     assert escalated.model == "scripted:expert" and escalated.outcome.won
     assert escalated.outcome.episode_id == escalation_id(unsolved) and escalated.outcome.trial == 2
     summary = summarize(store)
-    assert summary["solved"] == 1 and summary["escalation"]["solved"] == 1
-    assert summary["escalation"]["games"] == {unsolved: True}
+    assert summary.solved == 1 and summary.escalation is not None
+    assert summary.escalation.solved == 1 and summary.escalation.games == {unsolved: True}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from statistics import NormalDist
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -59,13 +60,14 @@ def test_mcnemar_exact_p_values(b: int, c: int, expected: float) -> None:
     assert mcnemar_exact(b, c) == pytest.approx(mcnemar_by_hand(b, c), rel=1e-12)
 
 
-def summary(solved_at: dict[str, int | None], last_trial: int) -> dict[str, Any]:
-    return {
-        "solved_at_trial": solved_at,
-        "total_tasks": len(solved_at),
-        "solved": sum(v is not None for v in solved_at.values()),
-        "trials": [{"trial": k} for k in range(last_trial + 1)],
-    }
+def summary(solved_at: dict[str, int | None], last_trial: int) -> Any:
+    """The part of a run summary the paired test reads."""
+    return SimpleNamespace(
+        solved_at_trial=solved_at,
+        total_tasks=len(solved_at),
+        solved=sum(v is not None for v in solved_at.values()),
+        trials=[SimpleNamespace(trial=k) for k in range(last_trial + 1)],
+    )
 
 
 def test_paired_table_counts_and_p_value() -> None:
@@ -74,11 +76,11 @@ def test_paired_table_counts_and_p_value() -> None:
     a = {g: (0 if i < 10 else 1 if i < 12 else None) for i, g in enumerate(games)}
     b = {g: (0 if i in (0, 1, 19) else None) for i, g in enumerate(games)}
     table = paired_table(summary(a, 1), summary(b, 1), 1, ("A", "B"))
-    assert (table["both"], table["only_a"], table["only_b"], table["neither"]) == (2, 10, 1, 7)
-    assert table["tasks"] == 20 and table["trial"] == 1
-    assert table["p_value"] == pytest.approx(2 * (1 + 11) / 2**11, rel=1e-12)
+    assert (table.both, table.only_a, table.only_b, table.neither) == (2, 10, 1, 7)
+    assert table.tasks == 20 and table.trial == 1
+    assert table.p_value == pytest.approx(2 * (1 + 11) / 2**11, rel=1e-12)
     at0 = paired_table(summary(a, 1), summary(b, 1), 0, ("A", "B"))
-    assert (at0["both"], at0["only_a"], at0["only_b"], at0["neither"]) == (2, 8, 1, 9)
+    assert (at0.both, at0.only_a, at0.only_b, at0.neither) == (2, 8, 1, 9)
 
 
 def test_pairs_only_runs_over_the_same_tasks() -> None:
@@ -87,12 +89,10 @@ def test_pairs_only_runs_over_the_same_tasks() -> None:
     other = summary({"x": 0, "w": None}, 1)
     rows = paired_comparisons([a, b, other], ["a", "b", "other"])
     # a and b share their tasks: compared at trial 0 and at trial 1 (the last both played)
-    assert [(r["a"], r["b"], r["trial"]) for r in rows] == [("a", "b", 0), ("a", "b", 1)]
-    assert (rows[1]["both"], rows[1]["only_a"], rows[1]["only_b"], rows[1]["neither"]) == (
-        0, 1, 1, 1,
-    )  # fmt: skip
+    assert [(r.a, r.b, r.trial) for r in rows] == [("a", "b", 0), ("a", "b", 1)]
+    assert (rows[1].both, rows[1].only_a, rows[1].only_b, rows[1].neither) == (0, 1, 1, 1)
     # a run that solved everything is known at every later trial
     done = summary({"x": 0, "y": 1, "z": 0}, 1)
     rows = paired_comparisons([a, done], ["a", "done"])
-    assert [r["trial"] for r in rows] == [0, 3]
-    assert rows[1]["only_b"] == 1 and rows[1]["both"] == 2
+    assert [r.trial for r in rows] == [0, 3]
+    assert rows[1].only_b == 1 and rows[1].both == 2

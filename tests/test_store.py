@@ -25,6 +25,7 @@ from experiments.store import (
     RunReader,
     RunStore,
     StepCounts,
+    Tokens,
     episode_id,
     open_reader,
 )
@@ -71,9 +72,7 @@ def test_a_new_store_has_the_current_version(tmp_path: Path) -> None:
     store.close()
     assert sql(tmp_path / "new", "SELECT value FROM meta WHERE key='schema_version'") == [("2",)]
     with open_reader(tmp_path / "new") as reader:
-        assert reader.schema_version == 2 and reader.token_totals() == {
-            "prompt": 0, "completion": 0, "cached_prompt": 0,
-        }  # fmt: skip
+        assert reader.schema_version == 2 and reader.token_totals() == Tokens(0, 0, 0)
         assert reader.progress() == Progress(solved=0, tokens=0)
 
 
@@ -149,7 +148,7 @@ def test_every_model_call_counts_whatever_its_purpose(run: Path) -> None:
     with open_reader(run) as reader:
         assert reader.model_calls() == calls
         assert reader.model_calls(eid) == calls[:4]
-        assert reader.token_totals() == {"prompt": 380, "completion": 34, "cached_prompt": 190}
+        assert reader.token_totals() == Tokens(prompt=380, completion=34, cached_prompt=190)
         by_purpose = reader.calls_by_purpose()
         assert by_purpose == {
             "act": CallTotals(calls=2, prompt=220, completion=11, cached_prompt=180,
@@ -181,15 +180,14 @@ def test_a_v1_store_is_read_as_it_is_without_writing(v1_copy: Path) -> None:
     with open_reader(v1_copy) as reader:
         assert reader.schema_version == 1
         # version 1 counted step and reflection tokens: the same totals, now by purpose
-        assert reader.token_totals() == {"prompt": sp + rp, "completion": sc + rc,
-                                         "cached_prompt": sk}  # fmt: skip
+        assert reader.token_totals() == Tokens(sp + rp, sc + rc, sk)
         by_purpose = reader.calls_by_purpose()
         assert by_purpose["act"].calls == steps and by_purpose["act"].prompt == sp
         assert by_purpose.get("reflect", CallTotals(0, 0, 0, 0, 0.0, 0, 0)).calls == refl
         calls = reader.model_calls()
         assert len(calls) == steps + refl and {c.purpose for c in calls} <= {"act", "reflect"}
     with RunStore(v1_copy, readonly=True) as store:  # the old read-only spelling works too
-        assert store.schema_version == 1 and store.token_totals()["prompt"] == sp + rp
+        assert store.schema_version == 1 and store.token_totals().prompt == sp + rp
     assert sha(v1_copy / DB_NAME) == before and {p.name for p in v1_copy.iterdir()} == before_names
 
 
@@ -215,7 +213,7 @@ def test_a_v1_store_opened_for_writing_is_migrated_once(v1_copy: Path) -> None:
     store.close()
     with open_reader(v1_copy) as reader:
         assert len(reader.event_rows("migrate")) == 1
-        assert reader.token_totals()["prompt"] == viewed[2]["prompt"] + 7
+        assert reader.token_totals().prompt == viewed[2].prompt + 7
 
 
 def test_a_newer_store_is_refused_untouched(run: Path) -> None:

@@ -147,11 +147,11 @@ def test_api_episode_and_the_exact_prompt(server, run_dir: Path) -> None:
 
 
 def test_step_prompt_is_what_the_actor_sent(run_dir: Path) -> None:
-    from agents.episode import EnvReply
     from agents.evaluators import make_evaluator
     from agents.llm.base import GenerationConfig
     from agents.parsing import GroundingRules
     from agents.react import ActorSettings, actor_request
+    from memory.records import EnvReply
 
     settings = ActorSettings(GenerationConfig(), make_evaluator("paper"), GroundingRules(), 30)
     store = RunStore(run_dir, readonly=True)

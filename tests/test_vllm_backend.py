@@ -42,6 +42,7 @@ from agents.llm.vllm_backend import (
     sampling_params_kwargs,
 )
 from agents.prompting import actor_prefix, example_texts
+from experiments.report import RunSummary
 from experiments.store import RunStore
 from tests.backend_process import BackendProcess, converted_checkpoint
 from tests.grounded_episodes import NASTY, assert_grounded, play
@@ -941,7 +942,7 @@ def test_real_vllm_engine_killed_mid_run_is_rebuilt_and_every_episode_completes(
         f"again {len(replayed)}; reflections {len(reflections)}"
     )
     assert episodes and all(e.status == "done" for e in episodes)  # none left to --resume
-    assert summary["status"]["complete"] and summary["errors"] == 0
+    assert summary.status.complete and summary.errors == 0
     assert rebuilds == 1  # one rebuild for the one death, however many requests it held
     assert (
         restarts
@@ -953,15 +954,13 @@ def test_real_vllm_engine_killed_mid_run_is_rebuilt_and_every_episode_completes(
     assert run_log.count("vllm async engine ready") == 3  # actor, its rebuild, reflect
 
 
-def _context_limited(
-    episodes: list[Any], summary: dict[str, Any], limit: int
-) -> list[tuple[int, int]]:
+def _context_limited(episodes: list[Any], summary: RunSummary, limit: int) -> list[tuple[int, int]]:
     """Every episode ended, once, at the model's context ``limit`` (done, class
     ``context_limit``; the report counts them): the (prompt tokens, limit) of each verdict."""
     assert episodes and all(e.status == "done" and e.attempts == 1 for e in episodes)
     assert all(e.failure_class == "context_limit" for e in episodes)
-    assert summary["failure_classes"]["context_limit"] == len(episodes)
-    assert summary["errors"] == 0
+    assert summary.failure_classes["context_limit"] == len(episodes)
+    assert summary.errors == 0
     counts: list[tuple[int, int]] = []
     for e in episodes:
         numbers = [int(n) for n in re.findall(r"\d+", e.verdict or "")]

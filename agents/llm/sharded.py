@@ -162,13 +162,6 @@ class ShardedBackend:
                 "down": [self.urls[i] for i in self._down_now()],
             }
 
-    def server_for(self, request: Request) -> str:
-        """The URL a request goes to now (its first server that is not marked down)."""
-        order = ranking(routing_key(request), self.urls)
-        with self._lock:
-            down = set(self._down_now())
-        return self.urls[next((i for i in order if i not in down), order[0])]
-
     # -- generation ----------------------------------------------------------------------------
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
         return concurrent_map(self._one, list(requests), self._pool)

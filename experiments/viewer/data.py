@@ -5,13 +5,17 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from agents import arms
 from agents.parsing import was_mapped
 from agents.prompting import transcript_action
 from agents.react import prompt_at
-from experiments.store import EpisodeRow, RunReader, StepCounts
-from memory.records import SearchTree, Step, StepKind
+from experiments.store import EpisodeRow, Outcome, RunReader, StepCounts
+from memory.records import EndClass, SearchTree, Step, StepKind, classify_end
+
+if TYPE_CHECKING:  # types only: the report imports the viewer's page writer
+    from experiments.report import RunSummary
 
 
 def step_prompt(episode: EpisodeRow, steps: Sequence[Step], index: int) -> str:
@@ -22,13 +26,16 @@ def step_prompt(episode: EpisodeRow, steps: Sequence[Step], index: int) -> str:
 
 
 def run_index(
-    reader: RunReader, run_id: int, label: str, summary: dict[str, Any] | None
+    reader: RunReader, run_id: int, label: str, summary: RunSummary | None
 ) -> dict[str, Any]:
-    """The run's header, summary and the outcome of every episode (no steps)."""
+    """The run's header, summary and the outcome of every episode (no steps); a failure class
+    as the report counts it (:func:`memory.records.classify_end`)."""
     manifest = reader.get_meta("manifest") or {}
     config = manifest.get("config") or {}
     counts = reader.step_counts()
     outcomes = reader.outcomes()
+    arm = str(config.get("agent") or (outcomes[0].arm if outcomes else ""))
+    ends = arms.ends(arm)
     episodes = [
         {
             "id": o.episode_id,
@@ -37,7 +44,7 @@ def run_index(
             "trial": o.trial,
             "status": o.status.value,
             "won": o.won,
-            "failure_class": o.failure_class.value if o.failure_class else None,
+            "failure_class": _failure_class(o, ends),
             "verdict": o.verdict,
             "judge_verdict": o.judge_verdict,
             **dataclasses.asdict(counts.get(o.episode_id, StepCounts())),
@@ -48,13 +55,18 @@ def run_index(
         "id": run_id,
         "label": label,
         "model": str(config.get("model", "")),
-        "arm": str(config.get("agent") or (outcomes[0].arm if outcomes else "")),
+        "arm": arm,
         "evaluator": str(config.get("evaluator", "")),
         "status": reader.run_state().to_dict(),
-        "summary": summary,
+        "summary": summary.to_dict() if summary is not None else None,
         "trials": [{"trial": t.trial, "tasks": list(t.tasks)} for t in reader.trial_rows()],
         "episodes": episodes,
     }
+
+
+def _failure_class(o: Outcome, ends: tuple[EndClass, ...]) -> str | None:
+    """A failed episode's class as the report counts it; None for one that has none."""
+    return classify_end(o.failure_class, o.verdict, ends).value if o.failure_class else None
 
 
 def prompt_memory(episode: EpisodeRow) -> list[dict[str, Any]]:
@@ -87,7 +99,7 @@ def episode_detail(reader: RunReader, episode: EpisodeRow, steps: Sequence[Step]
         "arm": episode.arm,
         "status": episode.status.value,
         "won": episode.won,
-        "failure_class": episode.failure_class.value if episode.failure_class else None,
+        "failure_class": _failure_class(episode, arms.ends(episode.arm)),
         "verdict": episode.verdict,
         "judge_verdict": episode.judge_verdict,
         "judge_reason": episode.judge_reason,

@@ -5,15 +5,18 @@ from __future__ import annotations
 import base64
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from experiments.store import open_reader
 from experiments.viewer.data import episode_detail, run_index
 from experiments.viewer.page import static_page
 
+if TYPE_CHECKING:  # types only: the report imports this module
+    from experiments.report import RunSummary
+
 
 def static_bundle(
-    run_dirs: Sequence[Path], labels: Sequence[str], summaries: Sequence[dict[str, Any]]
+    run_dirs: Sequence[Path], labels: Sequence[str], summaries: Sequence[RunSummary]
 ) -> dict[str, Any]:
     """All runs (with their report summaries), all episodes and steps; each distinct prompt
     prefix stored once."""
@@ -46,7 +49,7 @@ def write_static_page(
     labels: Sequence[str],
     path: Path,
     *,
-    summaries: Sequence[dict[str, Any]],
+    summaries: Sequence[RunSummary],
     plots: Mapping[str, Path] | None = None,
     comparison: Sequence[dict[str, Any]] | None = None,
 ) -> Path:

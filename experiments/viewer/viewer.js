@@ -358,7 +358,6 @@
     if (step.kind === "act" && !step.admissible) classes.push("inadmissible");
     if (step.mapped) classes.push("mapped");
     if (step.won) classes.push("won");
-    if (step.verdict) classes.push("has-verdict");
     return classes.join(" ");
   }
   function mappedBadge(step) {
@@ -449,7 +448,6 @@
         field("admissible", step.admissible ? "yes" : "no"),
         field("tokens", `${step.prompt_tokens} prompt (${step.cached_tokens} cached), ${step.completion_tokens} completion`),
         field("latency", `${Number(step.latency_s).toFixed(3)} s`),
-        field("evaluator verdict", step.verdict, "detail-verdict"),
       ),
       button,
       promptBox,
