@@ -1,6 +1,6 @@
 """Engine benchmark: a slow model server and real envs, against the bound the run cannot beat.
 
-A real loopback OpenAI-compatible server (``tests/fault_server.py``) answers each ALFWorld prompt
+A real loopback OpenAI-compatible server (``tests/support/fault_server.py``) answers each ALFWorld prompt
 with the game's next walkthrough move after a random delay (lognormal, median 0.3 s, sigma 0.8:
 a long tail), seeded by the prompt so every repeat sees the same delays. The runner plays the
 first 12 valid_seen games (``--concurrency 8 --workers 2``, one trial). Printed, as medians of

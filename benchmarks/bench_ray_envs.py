@@ -3,14 +3,14 @@
 Three measurements, each a median of repeats, the two pools alternating so that both see the
 same machine load:
 
-- the transport alone: an env that only echoes (``tests/test_pool.py``'s ``SleepyEnv``), one
+- the transport alone: an env that only echoes (``tests/envs/test_pool.py``'s ``SleepyEnv``), one
   slot, ``--calls`` steps one after another, on the local pool (a worker process, a pipe) and on
   the Ray pool (an actor on the local Ray cluster): the Ray pool's overhead per env call;
 - the same with a real ALFWorld game (``look``), where the game's own work is in each call;
 - a whole run: ``scripted:expert`` on the first ``--games`` valid_seen games, one trial,
   ``--workers`` env workers, ``--concurrency`` episodes in flight; printed as wall times, their
   ratio and the Ray run's extra wall time per env call (resets and actions), and whether both
-  runs recorded the same episodes (``tests/test_runner.py``'s snapshot).
+  runs recorded the same episodes (``tests/experiments/test_runner.py``'s snapshot).
 
 Ray runs on a private local cluster (``--ray local``), started before the clock runs.
 
@@ -38,12 +38,12 @@ from experiments.games import select_games  # noqa: E402
 from experiments.ray_session import connect  # noqa: E402
 from experiments.session import run  # noqa: E402
 from experiments.store import RunStore  # noqa: E402
-from tests.test_runner import snapshot  # noqa: E402
+from tests.experiments.test_runner import snapshot  # noqa: E402
 
 SPLIT = "eval_in_distribution"
 
 
-ECHO = EnvSpec("tests.test_pool:SleepyEnv")
+ECHO = EnvSpec("tests.envs.test_pool:SleepyEnv")
 
 
 def round_trip(spec: EnvSpec, kind: str, game: str, action: str, calls: int) -> float:

