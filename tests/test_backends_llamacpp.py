@@ -139,17 +139,19 @@ def test_a_sample_does_not_depend_on_what_its_slot_served_before() -> None:
     # episode, holding the same episode two steps back, holding this very prompt. llama.cpp's
     # logits for a prompt continued from an arbitrary cached prefix differ from a cold
     # evaluation's; reusing whole n_batch blocks only keeps every sample the same.
-    cfg = GenerationConfig(temperature=0.8, top_p=1.0, max_tokens=16, stop=("\n",), seed=3)
-    prompt = episode_prompt("find a key", 6)
+    # A free-text thought, n=2 (the second sample follows the first's generated tokens): with
+    # the whole cached prefix reused, the last state's samples came out different.
+    cfg = GenerationConfig(temperature=0.8, top_p=1.0, max_tokens=24, stop=("\n",), seed=3, n=2)
+    prompt = episode_prompt("find a key", 6) + " think: I"
     backend = make_backend("embedded", n_ctx=2048, slots=1, n_batch=64)
     try:
         texts, cached = [], []
         for before in (None, episode_prompt("heat an apple", 5), episode_prompt("find a key", 4)):
             if before is not None:
-                backend.generate([Request(config=cfg, prompt=before)])
+                backend.generate([Request(config=GREEDY, prompt=before)])
             for _ in range(2):  # the second finds this prompt itself in the cache
                 c = backend.generate([Request(config=cfg, prompt=prompt)])[0]
-                texts.append(c.text)
+                texts.append((c.text, *c.alternatives))
                 cached.append(c.cached_tokens)
     finally:
         backend.close()

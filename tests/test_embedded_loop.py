@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from experiments.config import RunConfig
@@ -42,3 +44,41 @@ def test_embedded_model_runs_the_reflexion_loop(generated_games, tmp_path):
         if e.trial == 1:
             assert "Your memory for the task below:" in e.prompt_prefix
             assert any(r.text.strip() in e.prompt_prefix for r in store.reflections(e.game))
+
+
+def _played(run_dir: Path) -> list[tuple[str, int, tuple[tuple[str, str, str], ...]]]:
+    store = RunStore(run_dir, readonly=True)
+    return sorted(
+        (
+            e.game,
+            e.trial,
+            tuple((s.raw_output, s.action, s.observation) for s in store.steps(e.episode_id)),
+        )
+        for e in store.episodes()
+    )
+
+
+@pytest.mark.slow
+def test_a_sampled_run_replays_at_concurrency_4(generated_games, tmp_path):
+    # Sampling at 0.8 with the run seed, three episodes in flight on four slots: which slot serves
+    # a request, and what it served before, depends on timing; the steps do not.
+    def once(name: str) -> list[tuple[str, int, tuple[tuple[str, str, str], ...]]]:
+        cfg = RunConfig.of(
+            model="embedded",
+            data=str(generated_games),
+            split="eval_out_of_distribution",
+            games=3,
+            trials=2,
+            max_steps=3,
+            temperature=0.8,
+            seed=3,
+            reflect_max_tokens=32,
+            concurrency=4,
+            workers=1,
+            run_dir=str(tmp_path / name),
+        )
+        return _played(run(cfg))
+
+    first, second = once("a"), once("b")
+    assert len(first) == 6 and all(steps for _, _, steps in first)
+    assert first == second

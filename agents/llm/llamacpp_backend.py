@@ -12,7 +12,7 @@ buffer (512 MiB for Gemma 3's 262k vocabulary at ``n_batch=512``) on every compl
 measured several seconds per step and 11 GiB of memory for four episodes. So the backend keeps
 up to ``slots`` contexts (weights are memory-mapped once by the OS; each context costs its KV
 cache and compute buffers, about 200 MB at ``n_ctx=8192`` for Gemma 3 270M) and routes each
-request to the context holding the longest common prefix with it, so an episode's steps keep
+request to the context holding the longest reusable prefix of it, so an episode's steps keep
 landing on its own warm context. Requests of a batch run one after another (CPU-bound).
 
 Sampling follows :class:`GenerationConfig` exactly: temperature (0 = greedy), top_p, seed, with
@@ -305,6 +305,7 @@ class LlamaCppBackend:
             "model_file": self.model_path.name,
             "n_ctx": self.n_ctx,
             "n_batch": self.n_batch,  # a completion depends on it (see "Replay")
+            "n_threads": self.n_threads,
             "slots": self.max_slots,
             "n_gpu_layers": self.n_gpu_layers,
             "chat_format": self.chat_format,

@@ -34,9 +34,14 @@ paths tokenize alike. Releases without a renderer get the prompt itself, and an 
 ``import vllm`` happens only when a backend is built; without it the constructor raises
 :class:`~agents.llm.base.MissingDependencyError`. On vLLM's CPU build ``gpu_memory_utilization``
 is the fraction of *host* memory to reserve; on a shared machine pass ``kv_cache_memory_bytes``
-(an engine keyword) instead. Greedy decoding is repeatable for a given cache state; in bfloat16 on
-CPU a prompt served partly from the prefix cache can still flip a near-tie against the same prompt
-computed cold, so pass ``dtype="float32"`` where bit-for-bit repeats matter.
+(an engine keyword) instead.
+
+Repeats: a seed (or temperature 0) fixes the samples only for fixed logits, and vLLM's logits for
+a request depend on what it is batched with and on prefix-cache hits. On a GPU the same seed
+replays a run only in vLLM's batch-invariant mode (``VLLM_BATCH_INVARIANT=1`` in the engine's
+environment); otherwise batch size and order change outputs. On CPU, greedy repeats need
+``dtype="float32"`` (in bfloat16 a prompt served partly from the prefix cache can flip a near-tie
+against the same prompt computed cold).
 """
 
 from __future__ import annotations
