@@ -17,7 +17,7 @@ frontend is what is measured, per env step, as thread CPU time in the runner's p
   spliced result checked against the whole tokenization. It runs in the first Python that has
   ``transformers``: this one, else ``$REFLEXSIM_VLLM_PYTHON`` / ``.venv-vllm``.
 
-Medians of ``--repeats`` runs, side by side:
+Medians of ``--repeats`` runs (each run's prompts tokenized once), side by side:
 
     python benchmarks/bench_frontend.py [--data DIR] [--games 140] [--concurrency 128] [--repeats 3]
 """
@@ -185,6 +185,19 @@ def tokenize_prompts(prompts_file: Path, repeats: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def tokenize_elsewhere(prompts: list[tuple[str, str]]) -> dict[str, Any]:
+    """:func:`tokenize_prompts` once, in the python that has ``transformers``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        file = Path(tmp) / "prompts.json"
+        file.write_text(json.dumps(prompts))
+        out = subprocess.run(
+            [tokenizing_python(), __file__, "--tokenize", str(file), "--repeats", "1"],
+            check=True, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )  # fmt: skip
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
 def tokenizing_python() -> str:
     if importlib.util.find_spec("transformers") is not None:
         return sys.executable
@@ -213,26 +226,27 @@ def main() -> None:
         print(json.dumps(tokenize_prompts(args.tokenize, args.repeats)))
         return
 
-    runs = []
+    runs, toks = [], []
     for r in range(args.repeats):
         runs.append(one_run(args.data, args.games, args.concurrency, args.workers))
+        toks.append(tokenize_elsewhere(runs[-1]["prompts"]))
         ms = {p: 1000 * s / runs[-1]["steps"] for p, s in runs[-1]["parts"].items()}
+        n = len(runs[-1]["prompts"])
         print(f"repeat {r}: {runs[-1]['steps']} steps, won {runs[-1]['won']}, "
-              + ", ".join(f"{p} {ms[p]:.3f} ms" for p in PARTS), flush=True)  # fmt: skip
+              + ", ".join(f"{p} {ms[p]:.3f} ms" for p in PARTS)
+              + f", tokenization whole {1000 * toks[-1]['whole'][0] / n:.3f} ms, incremental "
+              f"{1000 * toks[-1]['incremental'][0] / n:.3f} ms", flush=True)  # fmt: skip
     steps = runs[-1]["steps"]
-    with tempfile.TemporaryDirectory() as tmp:
-        file = Path(tmp) / "prompts.json"
-        file.write_text(json.dumps(runs[-1]["prompts"]))
-        out = subprocess.run(
-            [tokenizing_python(), __file__, "--tokenize", str(file), "--repeats", str(args.repeats)],
-            check=True, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
-        )  # fmt: skip
-    tok = json.loads(out.stdout.strip().splitlines()[-1])
+    tok = toks[-1]
+    tok["whole"] = [t["whole"][0] for t in toks]
+    tok["incremental"] = [t["incremental"][0] for t in toks]
     n_prompts = len(runs[-1]["prompts"])
     med = statistics.median
     per_step = {p: med(1000 * run["parts"][p] / run["steps"] for run in runs) for p in PARTS}
-    whole = 1000 * med(tok["whole"]) / n_prompts
-    inc = 1000 * med(tok["incremental"]) / n_prompts
+    whole = med(1000 * t / len(run["prompts"]) for t, run in zip(tok["whole"], runs, strict=True))
+    inc = med(
+        1000 * t / len(run["prompts"]) for t, run in zip(tok["incremental"], runs, strict=True)
+    )
     frontend = sum(per_step[p] for p in PARTS if p != "scripted text")
     print(
         f"\n{args.games} valid_seen games, {args.concurrency} in flight, {args.workers} env "

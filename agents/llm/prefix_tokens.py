@@ -10,6 +10,11 @@ not decode back to it) is tokenized whole. ``check=True`` also tokenizes every s
 whole and uses, and counts, the whole tokenization where they differ: for measuring, not for
 speed. Nothing here imports a tokenizer: it is given ``encode`` (the whole prompt, special
 tokens included, as the engine would), ``encode_piece`` (no special tokens) and ``decode``.
+
+:class:`EpisodePromptIds` applies it to requests, keyed by their episode: the vLLM backend sends
+those ids instead of the text, so its frontend does not tokenize every step's whole prompt
+(Gemma 3's 262k-token BPE over a prompt of a thousand tokens and more:
+``benchmarks/bench_frontend.py`` measures the share).
 """
 
 from __future__ import annotations
@@ -17,6 +22,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from agents.llm.base import Request
 
 
 @dataclass(frozen=True)
@@ -82,3 +90,29 @@ class PrefixTokenizer:
         if tuple(redone[: self.overlap]) != kept.ids[cut:]:
             return None
         return [*kept.ids[:cut], *redone]
+
+
+class EpisodePromptIds:
+    """The token ids to send an engine for a completion-style request whose call site names its
+    episode, made with the engine's own tokenizer (``tokenizer()``: called once, on first use;
+    it has Hugging Face's ``encode(text, add_special_tokens=...)`` and ``decode(ids)``), each
+    episode's prompts of one purpose tokenized by what they append. None for any other
+    request: send its text, the engine tokenizes it whole."""
+
+    def __init__(self, tokenizer: Callable[[], Any], *, keep: int = 512) -> None:
+        self._tokenizer = tokenizer
+        self._keep = keep
+        self._ids: PrefixTokenizer | None = None
+
+    def __call__(self, request: Request) -> list[int] | None:
+        if request.prompt is None or request.site.episode is None:
+            return None
+        if self._ids is None:
+            tok = self._tokenizer()
+            self._ids = PrefixTokenizer(
+                lambda text: tok.encode(text),
+                lambda text: tok.encode(text, add_special_tokens=False),
+                lambda ids: str(tok.decode(list(ids))),
+                keep=self._keep,
+            )
+        return self._ids.ids(f"{request.site.episode}|{request.purpose}", request.prompt)

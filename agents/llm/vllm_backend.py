@@ -17,7 +17,10 @@ Two ways in, one engine per backend:
 Either way the prefix cache (on by default: the few-shot prefix is shared by every step of every
 episode of a task type) does the rest. Chat-message requests are rendered here with the model
 tokenizer's chat template (``add_generation_prompt=True``) and sent as token ids, so a mixed
-batch is still one call and ``Completion.sent`` holds the exact text the model saw.
+batch is still one call and ``Completion.sent`` holds the exact text the model saw. A prompt
+whose call site names its episode is sent as token ids too: the episode's previous ids kept,
+only the appended text tokenized (:class:`~agents.llm.prefix_tokens.EpisodePromptIds`), the
+ids checked at the junction (else the whole text is tokenized).
 
 Grounded decoding: a request's :class:`~agents.llm.base.ActionConstraint` becomes vLLM
 structured outputs, ``SamplingParams(structured_outputs=StructuredOutputsParams(regex=...))``
@@ -71,6 +74,7 @@ from agents.llm.base import (
 )
 from agents.llm.common import grounding_error
 from agents.llm.grounding import regex_for
+from agents.llm.prefix_tokens import EpisodePromptIds
 
 logger = logging.getLogger("agents.llm.vllm")
 
@@ -299,6 +303,8 @@ class VLLMBackend:
         self._start_lock = threading.Lock()
         self._start_error: BackendError | None = None  # a failed start is not retried per call
         self._ids = itertools.count()
+        # an episode's prompts are sent as ids, only each step's appended text tokenized
+        self._prompt_ids = EpisodePromptIds(lambda: self._tokenizer or self._llm.get_tokenizer())
         self.load_s: float | None = None
         self.calls = 0
 
@@ -402,7 +408,10 @@ class VLLMBackend:
     def _prompt(self, request: Request) -> tuple[Any, str]:
         """What vLLM gets for a request (text, or chat rendered to token ids) and the text."""
         if request.prompt is not None:
-            return request.prompt, request.prompt
+            prompt_ids = self._prompt_ids(request)
+            if prompt_ids is None:
+                return request.prompt, request.prompt
+            return {"prompt_token_ids": prompt_ids, "prompt": request.prompt}, request.prompt
         text, ids = self._chat_tokens(request)
         return {"prompt_token_ids": ids, "prompt": text}, text
 
