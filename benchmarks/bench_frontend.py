@@ -20,6 +20,13 @@ frontend is what is measured, per env step, as thread CPU time in the runner's p
 Medians of ``--repeats`` runs (each run's prompts tokenized once), side by side:
 
     python benchmarks/bench_frontend.py [--data DIR] [--games 140] [--concurrency 128] [--repeats 3]
+
+Measured (128 games, 128 in flight, 841 steps, prompts of 1607 tokens median, 2 shared cores
+under load; medians of 3, ms of CPU per step): engine 0.837, store 0.302, prompt building
+0.054, whole-prompt tokenization 1.545 (56% of the frontend's 2.738 ms); incremental
+tokenization 0.285 (5.4x less; frontend 1.479 ms, 1.85x less), 713 of 841 prompts spliced,
+none different from the whole tokenization. Hence the vLLM backend sends episodes' prompts as
+ids (:class:`agents.llm.prefix_tokens.EpisodePromptIds`).
 """
 
 from __future__ import annotations
