@@ -24,8 +24,10 @@ from memory.records import EnvReply, Reflection, Step, env_actions
 
 
 def episode_seed(run_seed: int, game: str, trial: int) -> int:
-    """The sampling seed of one episode: a stable function of (run seed, game, trial), so the
-    same run seed replays a run exactly and each trial of a task draws different samples."""
+    """The sampling seed of one episode: a stable function of (run seed, game, trial), so each
+    trial of a task draws different samples and the same run seed draws the same ones. The same
+    samples make the same run only where the backend's logits for a prompt do not depend on
+    what else it serves (README: "When a run replays")."""
     digest = hashlib.sha256(f"{run_seed}|{game}|{trial}".encode()).digest()
     return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
 

@@ -12,17 +12,23 @@ buffer (512 MiB for Gemma 3's 262k vocabulary at ``n_batch=512``) on every compl
 measured several seconds per step and 11 GiB of memory for four episodes. So the backend keeps
 up to ``slots`` contexts (weights are memory-mapped once by the OS; each context costs its KV
 cache and compute buffers, about 200 MB at ``n_ctx=8192`` for Gemma 3 270M) and routes each
-request to the context holding the longest common prefix with it, so an episode's steps keep
+request to the context holding the longest reusable prefix of it, so an episode's steps keep
 landing on its own warm context. Requests of a batch run one after another (CPU-bound).
 
 Sampling follows :class:`GenerationConfig` exactly: temperature (0 = greedy), top_p, seed, with
 llama.cpp's extra samplers neutral by default (``top_k=0``, ``min_p=0.0``,
 ``repeat_penalty=1.0``); set them to mimic ``llama_cpp.server``'s defaults (40, 0.05, 1.1).
 Token counts come from the model's tokenizer; ``cached_tokens`` is the prefix reused from the
-slot's KV cache. ``n > 1`` samples again with seeds ``seed+1, seed+2, ...``. A seeded sample is
-reproducible for the same cache state; llama.cpp's logits for a prompt evaluated in one batch
-and for the same prompt found in the cache (its last token replayed alone) differ in the last
-bits, which can move a temperature-1 sample over Gemma's 262k-token vocabulary.
+slot's KV cache. ``n > 1`` samples again with seeds ``seed+1, seed+2, ...``.
+
+Replay: a completion depends on the request alone (model file, ``n_batch``, sampling options and
+seed), never on which slot serves it or what that slot served before, so a seeded run replays
+exactly at any concurrency and slot count. llama.cpp's numbers for a token depend on the batch
+it was evaluated in: a prompt continued from an arbitrary cached prefix gives logits a few
+tenths apart from the same prompt evaluated cold, enough to move a sample. So a slot's cache is
+reused only in whole ``n_batch``-token blocks aligned at position 0 (:func:`reusable`), which is
+exactly how a cold evaluation batches the prompt, and the rest is evaluated again; the price is
+up to ``n_batch - 1`` tokens evaluated again per request (hence the default ``n_batch=128``).
 
 Grounded decoding: a request's :class:`~agents.llm.base.ActionConstraint` becomes a llama.cpp
 GBNF grammar (:func:`agents.llm.grounding.gbnf_for`, one ``LlamaGrammar`` per distinct grammar, kept
@@ -137,15 +143,20 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
+def reusable(shared: int, length: int, block: int) -> int:
+    """How many leading tokens of a ``length``-token prompt are taken from a slot's cache that
+    shares ``shared`` tokens with it: whole ``block``-token blocks only (see "Replay" in the
+    module docstring), and never the last token, whose logits are needed."""
+    return min(shared, length - 1) // block * block
+
+
 @dataclass
 class _Slot:
     llm: Any
     last_used: int = 0
     served: int = 0
-    tokens: list[int] = field(default_factory=list)  # what its KV cache holds
-
-    def refresh(self) -> None:
-        self.tokens = list(self.llm._input_ids[: self.llm.n_tokens])
+    # the whole n_batch blocks of its last prompt: the part of its KV cache that may be reused
+    tokens: list[int] = field(default_factory=list)
 
 
 def route(
@@ -229,7 +240,7 @@ class LlamaCppBackend:
         slots: int | str = 4,
         n_threads: int | str | None = None,
         n_threads_batch: int | str | None = None,
-        n_batch: int | str = 512,
+        n_batch: int | str = 128,
         n_gpu_layers: int | str = 0,
         chat_format: str = "raw",
         chat_instruction: str = CONTINUE_INSTRUCTION,
@@ -293,6 +304,8 @@ class LlamaCppBackend:
             "model_path": str(self.model_path),
             "model_file": self.model_path.name,
             "n_ctx": self.n_ctx,
+            "n_batch": self.n_batch,  # a completion depends on it (see "Replay")
+            "n_threads": self.n_threads,
             "slots": self.max_slots,
             "n_gpu_layers": self.n_gpu_layers,
             "chat_format": self.chat_format,
@@ -366,8 +379,6 @@ class LlamaCppBackend:
         with self._lock:
             rendered = [self.render(r) for r in requests]
             tokens = [self.tokenize(text, bos) for text, bos, _ in rendered]
-            for slot in self._slots:
-                slot.refresh()
             picks = route(
                 tokens,
                 [s.tokens for s in self._slots],
@@ -397,10 +408,8 @@ class LlamaCppBackend:
         self._clock += 1
         slot.last_used = self._clock
         slot.served += 1
-        slot.refresh()
-        reused = common_prefix(slot.tokens, tokens)
-        if reused == len(tokens):
-            reused -= 1  # llama.cpp replays the last token to get fresh logits
+        reused = reusable(common_prefix(slot.tokens, tokens), len(tokens), self.n_batch)
+        slot.tokens = []  # until this completion is done, nothing in the cache is trusted
         stops = list(c.stop) + [s for s in extra_stops if s not in c.stop]
         start = time.perf_counter()
         texts: list[tuple[str, str]] = []
@@ -410,6 +419,9 @@ class LlamaCppBackend:
         if request.constraint is not None:
             grammar = self.grammar(request.constraint, newline="\n" in stops)
         for k in range(c.n):
+            # cut the cache back to whole blocks; llama-cpp-python evaluates the rest in n_batch
+            # batches from there, as a cold evaluation would
+            slot.llm.n_tokens = reused
             out = slot.llm.create_completion(
                 tokens,
                 max_tokens=c.max_tokens,
@@ -428,12 +440,13 @@ class LlamaCppBackend:
             texts.append((t, finish))
             completion_tokens += int(out["usage"]["completion_tokens"])
         latency = time.perf_counter() - start
+        slot.tokens = tokens[: len(tokens) // self.n_batch * self.n_batch]
         return Completion(
             text=texts[0][0],
             finish_reason=texts[0][1],
             prompt_tokens=len(tokens),
             completion_tokens=completion_tokens,
-            cached_tokens=max(reused, 0),
+            cached_tokens=reused,
             latency_s=latency,
             sent={"prompt": text, "sampling": sampling_dict(request)},
             alternatives=tuple(t for t, _ in texts[1:]),

@@ -17,7 +17,10 @@ Two ways in, one engine per backend:
 Either way the prefix cache (on by default: the few-shot prefix is shared by every step of every
 episode of a task type) does the rest. Chat-message requests are rendered here with the model
 tokenizer's chat template (``add_generation_prompt=True``) and sent as token ids, so a mixed
-batch is still one call and ``Completion.sent`` holds the exact text the model saw.
+batch is still one call and ``Completion.sent`` holds the exact text the model saw. A prompt
+whose call site names its episode is sent as token ids too: the episode's previous ids kept,
+only the appended text tokenized (:class:`~agents.llm.prefix_tokens.EpisodePromptIds`), the
+ids checked at the junction (else the whole text is tokenized).
 
 Grounded decoding: a request's :class:`~agents.llm.base.ActionConstraint` becomes vLLM
 structured outputs, ``SamplingParams(structured_outputs=StructuredOutputsParams(regex=...))``
@@ -45,9 +48,14 @@ model's chat template, ``"prefill"`` continuing the final assistant message.
 ``import vllm`` happens only when a backend is built; without it the constructor raises
 :class:`~agents.llm.base.MissingDependencyError`. On vLLM's CPU build ``gpu_memory_utilization``
 is the fraction of *host* memory to reserve; on a shared machine pass ``kv_cache_memory_bytes``
-(an engine keyword) instead. Greedy decoding is repeatable for a given cache state; in bfloat16 on
-CPU a prompt served partly from the prefix cache can still flip a near-tie against the same prompt
-computed cold, so pass ``dtype="float32"`` where bit-for-bit repeats matter.
+(an engine keyword) instead.
+
+Repeats: a seed (or temperature 0) fixes the samples only for fixed logits, and vLLM's logits for
+a request depend on what it is batched with and on prefix-cache hits. On a GPU the same seed
+replays a run only in vLLM's batch-invariant mode (``VLLM_BATCH_INVARIANT=1`` in the engine's
+environment); otherwise batch size and order change outputs. On CPU, greedy repeats need
+``dtype="float32"`` (in bfloat16 a prompt served partly from the prefix cache can flip a near-tie
+against the same prompt computed cold).
 
 Faults: a prompt longer than ``max_model_len`` is a :class:`~agents.llm.base.ContextLimitError`
 (the episode's own failure). An engine whose core process died (out of memory, a device fault,
@@ -96,6 +104,7 @@ from agents.llm.common import (
     request_messages,
 )
 from agents.llm.grounding import regex_for
+from agents.llm.prefix_tokens import EpisodePromptIds
 
 logger = logging.getLogger("agents.llm.vllm")
 
@@ -417,6 +426,8 @@ class VLLMBackend:
         self._generation = 0  # the async engine's number: one rebuild per dead engine
         self.rebuilds = 0
         self._ids = itertools.count()
+        # an episode's prompts are sent as ids, only each step's appended text tokenized
+        self._prompt_ids = EpisodePromptIds(lambda: self._tokenizer or self._llm.get_tokenizer())
         self.load_s: float | None = None
         self.calls = 0
 
@@ -525,7 +536,10 @@ class VLLMBackend:
     def _prompt(self, request: Request) -> tuple[Any, str]:
         """What vLLM gets for a request (text, or chat rendered to token ids) and the text."""
         if request.prompt is not None and self.chat_format == "raw":
-            return request.prompt, request.prompt
+            prompt_ids = self._prompt_ids(request)
+            if prompt_ids is None:
+                return request.prompt, request.prompt
+            return {"prompt_token_ids": prompt_ids, "prompt": request.prompt}, request.prompt
         text, ids = self._chat_tokens(request)
         return {"prompt_token_ids": ids, "prompt": text}, text
 

@@ -195,8 +195,13 @@ class _FakeTokenizer:
         return head + "".join(f"[{m['role']}]{m['content']}" for m in messages) + "[model]"
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        assert add_special_tokens is False
-        return list(range(len(text.split("]"))))
+        if text.startswith("<"):  # a rendered chat: the template wrote the BOS token
+            assert add_special_tokens is False
+            return list(range(len(text.split("]"))))
+        return [256] * add_special_tokens + list(text.encode())  # bytes, after BOS if asked
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(i for i in ids if i < 256).decode()
 
 
 class _FakeLLM:
@@ -259,6 +264,7 @@ class _FakeAsyncEngine:
         self.all_in = asyncio.Event()
         self.closed = False
         self.params: list[Any] = []
+        self.prompts: list[Any] = []
 
     @classmethod
     def from_engine_args(cls, args: _FakeAsyncEngineArgs) -> _FakeAsyncEngine:
@@ -271,6 +277,7 @@ class _FakeAsyncEngine:
 
     async def generate(self, prompt: Any, params: Any, request_id: str) -> Any:
         self.params.append(params)
+        self.prompts.append(prompt)
         self.in_flight += 1
         if self.in_flight >= self.expected:
             self.all_in.set()
@@ -600,6 +607,10 @@ def test_the_runner_hands_every_request_to_the_async_engine(
     assert len(episodes) == 3 and all(status == "done" and n >= 1 for status, n in episodes)
     assert _FakeLLM.instances == [] and len(_FakeAsyncEngine.instances) == 1
     assert _FakeAsyncEngine.instances[0].params  # every answer came from the async engine
+    # each episode's prompts went as ids: the whole text's, though only what a step appended
+    # was tokenized after the first
+    sent = _FakeAsyncEngine.instances[0].prompts
+    assert sent and all(p["prompt_token_ids"] == [256, *p["prompt"].encode()] for p in sent)
     log = (run_dir / "run.log").read_text()
     assert "vllm async engine ready" in log and "vllm generate: batch=" not in log
 
