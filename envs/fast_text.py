@@ -31,6 +31,7 @@ import functools
 import itertools
 import logging
 import os
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -182,7 +183,6 @@ def restore_state(cls: Any, translation: Translation) -> Any:
     into fast-downward and adds the same facts in the same order: equal data, equal iteration
     orders. A tracked state gets the translation's ``epoch``: its content is the first one's.
     """
-    from collections import Counter, defaultdict
 
     state = cls.__new__(cls)
     state._added = []

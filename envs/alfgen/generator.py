@@ -39,6 +39,7 @@ from envs.alfgen.tasks import (
     scene_fits,
     shortest_plan,
 )
+from envs.alfworld_env import ALFWorldEnv
 from envs.discovery import SPLITS, normalize_task_types
 from envs.errors import EnvError
 
@@ -245,7 +246,6 @@ class GameMaker:
 
     def _replay_wins(self, files: GameFiles) -> bool:
         """Play the walkthrough through ALFWorldEnv on the written files: must end in ``won``."""
-        from envs.alfworld_env import ALFWorldEnv
 
         assert self._stage is not None, "use GameMaker as a context manager"
         root = Path(self._stage.name) / hashlib.sha256(files.game_id.encode()).hexdigest()[:16]
