@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from experiments.errors import Terminated, is_disk_full
+from experiments.errors import ConfigError, RunStoreError, Terminated, is_disk_full
 from experiments.terminal import EscapingFormatter, escape_controls
 
 # Exit codes (README "Exit codes"): 0 finished (complete, or stopped by its budget/deadline);
@@ -379,7 +383,6 @@ RUN_NOTES = ("reflexsim.runner", "reflexsim.games")
 def _console_logging() -> None:
     """Warnings of the project's loggers, and the runner's own notes (e.g. games being
     generated on a first run), on stderr; everything else goes to the run's run.log."""
-    import logging
 
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(EscapingFormatter("%(message)s"))
@@ -433,8 +436,6 @@ def _handle_sigterm(terminated: list[int]) -> Callable[[], None]:
     loop, SIGINT's handler cancels the run (its ``finally`` commits what was played); elsewhere
     ``Terminated`` is raised. ``terminated`` records it, for the exit code 143. Returns what
     puts the previous handler back. A SIGTERM already ignored (``nohup``) stays ignored."""
-    import signal
-    import threading
 
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
@@ -465,7 +466,6 @@ BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a reader that stopp
 def _stdout_closed() -> int:
     """The reader of stdout went away (``reflexsim replay ... | head``): not an error of ours.
     Python's documented way: point stdout at devnull so the flush at exit cannot raise again."""
-    import os
 
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
@@ -475,7 +475,6 @@ def _stdout_closed() -> int:
 def _is_user_error(exc: BaseException) -> bool:
     from agents.llm.base import MissingDependencyError, SpecError
     from envs.errors import EnvError
-    from experiments.errors import ConfigError, RunStoreError
 
     if is_disk_full(exc):
         return True  # writing a report, config.yaml, an export (the store says so itself)

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from agents.llm.base import MissingDependencyError
 from experiments.config import RunConfig
 from experiments.errors import ConfigError
 
@@ -38,8 +39,6 @@ def import_ray() -> Any:
     try:
         import ray
     except ImportError:
-        from agents.llm.base import MissingDependencyError
-
         raise MissingDependencyError("ray", "ray") from None
     return ray
 

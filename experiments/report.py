@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from agents import arms
+from agents.llm.pricing import cost_usd
 from experiments.errors import RunStoreError
 from experiments.store import (
     CallTotals,
@@ -91,10 +92,6 @@ def _task_type_of(game: str) -> str:
 
 
 def _cost(model: str, tokens: Tokens) -> float:
-    try:
-        from agents.llm.pricing import cost_usd
-    except ImportError:
-        return 0.0
     return float(cost_usd(model, tokens.prompt, tokens.completion, tokens.cached_prompt))
 
 
