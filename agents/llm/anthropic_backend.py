@@ -68,7 +68,7 @@ _FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length"}
 
 def classify_anthropic_error(exc: BaseException) -> Retryable | None:
     """Retryable for timeouts, dropped connections, 408/409/429/5xx and malformed JSON."""
-    import anthropic
+    import anthropic  # heavy: anthropic is an optional extra
 
     return classify_sdk_error(anthropic, exc)
 

@@ -124,7 +124,7 @@ def data_parallel_rank(request: Request, size: int) -> int:
 
 def classify_openai_error(exc: BaseException) -> Retryable | None:
     """Retryable for timeouts, dropped connections, 408/409/429/5xx and malformed JSON."""
-    import openai
+    import openai  # heavy: openai is an optional extra
 
     return classify_sdk_error(openai, exc)
 

@@ -153,7 +153,7 @@ def call_with_retries(
     the request fails with a BackendError that says so. Every BackendError raised carries the
     retries made.
     """
-    import tenacity
+    import tenacity  # lazily: tenacity costs ~30 ms; only a backend that calls out retries
 
     stop_event = cancelled or threading.Event()
 

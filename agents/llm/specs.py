@@ -26,15 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agents.llm.anthropic_backend import AnthropicBackend
 from agents.llm.base import Backend, SpecError
 from agents.llm.ground_truth import NO_GROUND_TRUTH, GroundTruth
-from agents.llm.hf_backend import HFBackend
-from agents.llm.llamacpp_backend import LlamaCppBackend, embedded_model_path
-from agents.llm.openai_backend import OpenAIBackend
-from agents.llm.scripted import ScriptedBackend
-from agents.llm.sharded import ShardedBackend
-from agents.llm.vllm_backend import VLLMBackend
 
 PREFIXES: tuple[str, ...] = (
     "vllm",
@@ -122,7 +115,7 @@ def _check_options(factory: Callable[..., Any], spec: ModelSpec, options: dict[s
 def make_backend(
     spec: str, *, ground_truth: GroundTruth = NO_GROUND_TRUTH, **options: Any
 ) -> Backend:
-    """Build the backend a spec names. Heavy libraries are imported lazily, by the backend built.
+    """Build the backend a spec names. Heavy libraries are imported only here, lazily.
 
     ``ground_truth`` (see :mod:`agents.llm.ground_truth`) goes to scripted policies only; no
     other backend gets it."""
@@ -131,27 +124,50 @@ def make_backend(
     factory: Callable[..., Any]
     base_url = options.get("base_url")
     if kind in ("openai", "vllm") and isinstance(base_url, str) and "," in base_url:
+        # lazily: only the backend a spec names is loaded
+        from agents.llm.sharded import ShardedBackend
+
         options.pop("base_url")
         options.setdefault("name", str(parsed))
         return ShardedBackend(target, base_url.split(","), **options)
     if kind == "vllm" and base_url:
         # a running `vllm serve`: its OpenAI-compatible API, named by the vllm: spec
+        from agents.llm.openai_backend import OpenAIBackend
+
         factory = OpenAIBackend
     elif kind == "vllm":
+        # lazily: only the backend a spec names is loaded
+        from agents.llm.vllm_backend import VLLMBackend
+
         return VLLMBackend(target, **options)  # type: ignore[return-value]
     elif kind == "openai":
+        # lazily: only the backend a spec names is loaded
+        from agents.llm.openai_backend import OpenAIBackend
+
         factory = OpenAIBackend
     elif kind == "anthropic":
+        # lazily: only the backend a spec names is loaded
+        from agents.llm.anthropic_backend import AnthropicBackend
+
         factory = AnthropicBackend
     elif kind == "hf":
+        # lazily: only the backend a spec names is loaded
+        from agents.llm.hf_backend import HFBackend
+
         factory = HFBackend
     elif kind in ("llamacpp", "embedded"):
+        # lazily: only the backend a spec names is loaded
+        from agents.llm.llamacpp_backend import LlamaCppBackend, embedded_model_path
+
         _check_options(LlamaCppBackend, parsed, options)
         if kind == "embedded":
             options.setdefault("name", f"embedded:{target}")
             return LlamaCppBackend(embedded_model_path(target), **options)
         return LlamaCppBackend(target, **options)
     else:
+        # lazily: only the backend a spec names is loaded
+        from agents.llm.scripted import ScriptedBackend
+
         factory = ScriptedBackend
     _check_options(factory, parsed, options)
     if kind == "scripted":
