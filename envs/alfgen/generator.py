@@ -274,6 +274,7 @@ class _Planner:
     """fast-downward through TextWorld: ``PddlState(...).replan`` with ALFWorld's entity names."""
 
     def __init__(self) -> None:
+        # heavy: the planner and textworld, only to make games
         import fast_downward
         from textworld.envs.pddl import logic as pddl_logic
 
@@ -283,6 +284,7 @@ class _Planner:
         self._logic = pddl_logic.GameLogic(domain=domain, grammar=grammar)
 
     def plan(self, problem: str) -> list[str]:
+        # heavy: alfworld and textworld, only to make games
         from alfworld.agents.utils.misc import Demangler
         from textworld.generator.game import EntityInfo
 
