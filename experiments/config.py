@@ -667,7 +667,7 @@ def from_mapping(values: Mapping[str, Any], source: str = "config") -> RunConfig
 
 
 def load_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
-    import yaml
+    import yaml  # lazily: PyYAML costs ~25 ms; only reading or writing YAML needs it
 
     try:
         data = yaml.safe_load(Path(path).read_text())
@@ -699,7 +699,7 @@ class _KeyValue(argparse.Action):
     """``--backend-option KEY=VALUE`` (repeatable): values are read as YAML scalars."""
 
     def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
-        import yaml
+        import yaml  # lazily: PyYAML costs ~25 ms; only reading or writing YAML needs it
 
         key, sep, raw = str(values).partition("=")
         if not sep or not key:

@@ -324,6 +324,6 @@ def _record_end(store: RunStore, wall_s: float, ended: dict[str, Any], stopped: 
 
 
 def _yaml(tree: dict[str, Any]) -> str:
-    import yaml
+    import yaml  # lazily: PyYAML costs ~25 ms; only reading or writing YAML needs it
 
     return str(yaml.safe_dump(tree, sort_keys=False))

@@ -635,7 +635,7 @@ class ReplicaActor:
         self.server: Any = None
 
     def start(self, values: dict[str, Any], index: int, run_dir: str) -> dict[str, Any]:
-        import ray
+        import ray  # lazily: ray is an optional extra
 
         cfg = from_mapping(values, source="served replica")
         host = ray.util.get_node_ip_address()
