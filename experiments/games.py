@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envs.alfgen import GENERATOR_VERSION, generate
 from envs.discovery import SPLITS, TASK_TYPES, discover_games
 from envs.ground_truth import GameFileTruth
 from envs.textworld_env import discover_textworld_games
@@ -72,6 +71,7 @@ def select_games(cfg: RunConfig) -> GameSet:
 def generated_games_dir(cfg: RunConfig) -> Path:
     """Where the default generated ALFWorld games for this config are kept (per generator
     version: a newer generator never reuses an older one's games)."""
+    from envs.alfgen import GENERATOR_VERSION  # lazily: ~60 ms, only for generated games
 
     return (
         DEFAULT_GAMES
@@ -81,6 +81,7 @@ def generated_games_dir(cfg: RunConfig) -> Path:
 
 def _generated_default(cfg: RunConfig) -> Path:
     """Games made on first use when no ALFWorld data is given (contamination-free)."""
+    from envs.alfgen import generate  # lazily: ~60 ms, only for generated games
 
     root = generated_games_dir(cfg)
     marker = root / SPLITS[cfg.gameset.split] / ".complete"
