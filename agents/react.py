@@ -19,6 +19,7 @@ from agents.arm import Arm, ArmContext
 from agents.episode import EpisodeContext, EpisodeEnd
 from agents.evaluators import Evaluator, Verdict, classify_failure, count_actions
 from agents.llm.base import ActionConstraint, CallSite, Completion, GenerationConfig, Request
+from agents.llm.grounding import nearest_action
 from agents.memory_policy import EPISODIC, EXPLORATION, NO_MEMORY, REFLEXION
 from agents.parsing import GroundingRules, ParsedAction, parse_action, put_to_move
 from agents.prompting import actor_prompt, transcript_pairs
@@ -204,7 +205,6 @@ class Actor:
             return parsed
         if parsed.kind == StepKind.ACT and parsed.action in admissible:
             return parsed
-        from agents.llm.grounding import nearest_action
 
         mapped = nearest_action(parsed.action or text, admissible)
         again = parse_action(mapped, GroundingRules.none())

@@ -79,6 +79,7 @@ def _forget_propositions() -> None:
     so an env's memory would grow with every game it loads (259 MB after 140 games instead of
     ~100). Propositions compare and hash by value, so dropping them changes no result.
     """
+    # heavy: textworld, only to play or make a game
     from mementos import core
     from textworld.logic import Proposition
 
@@ -112,16 +113,18 @@ def _make_engine(fast_text: bool = True, reset_cache: int = DEFAULT_RESET_CACHE)
     ``fast_text``: derive text with :class:`envs.fast_text.FastGrammar` (else TextWorld's own
     grammar); ``reset_cache``: how many games' translations to keep (0: translate every reset).
     """
-    import textworld
+    import textworld  # heavy: textworld, only to play or make a game
 
     # importing alfworld sets $ALFWORLD_DATA (to ~/.cache/alfworld) when it is unset, which would
     # silently change where later envs and runs look for games: undo that
     saved = os.environ.get("ALFWORLD_DATA")
     try:
+        # heavy: alfworld, only to play or make a game
         from alfworld.agents.utils.misc import Demangler
     finally:
         if saved is None:
             os.environ.pop("ALFWORLD_DATA", None)
+    # heavy: textworld, only to play or make a game
     from textworld.core import GameState
     from textworld.envs.pddl import PddlEnv
     from textworld.envs.pddl import logic as pddl_logic

@@ -31,6 +31,7 @@ import functools
 import itertools
 import logging
 import os
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -88,6 +89,7 @@ class RecordingState:
 @functools.cache
 def recording_state_class() -> type:
     """TextWorld's ``PddlState`` with :class:`RecordingState` (nothing else changed)."""
+    # heavy: textworld, only to play or make a game
     from textworld.envs.pddl import logic as pddl_logic
 
     class RecordingPddlState(RecordingState, pddl_logic.PddlState):  # type: ignore[misc,valid-type]
@@ -182,7 +184,6 @@ def restore_state(cls: Any, translation: Translation) -> Any:
     into fast-downward and adds the same facts in the same order: equal data, equal iteration
     orders. A tracked state gets the translation's ``epoch``: its content is the first one's.
     """
-    from collections import Counter, defaultdict
 
     state = cls.__new__(cls)
     state._added = []
@@ -207,7 +208,7 @@ def restore_state(cls: Any, translation: Translation) -> Any:
 @functools.lru_cache(maxsize=4096)
 def parse_symbols(text: str) -> tuple[Any, ...]:
     """A start string parsed once by TextWorld's own grammar parser."""
-    from textworld.envs.pddl import textgen
+    from textworld.envs.pddl import textgen  # heavy: textworld, only to play or make a game
 
     return tuple(convert(s) for s in textgen._parse_and_convert(text, rule_name="symbols"))
 
@@ -215,7 +216,7 @@ def parse_symbols(text: str) -> tuple[Any, ...]:
 @functools.lru_cache(maxsize=4096)
 def parse_query(text: str) -> Any:
     """A condition or query parsed once: TextWorld's ``Rule.parse_conjunctive_query``."""
-    from textworld.logic import Rule
+    from textworld.logic import Rule  # heavy: textworld, only to play or make a game
 
     return Rule.parse_conjunctive_query(text)
 

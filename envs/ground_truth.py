@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from envs import alfworld_env, textworld_env
+
 
 class GameFileTruth:
     """Each game's walkthrough, read from its file without playing it (once per game)."""
@@ -23,8 +25,5 @@ class GameFileTruth:
         return list(found) if found else None
 
     def _from_file(self, path: Path) -> list[str] | None:
-        if self.env_kind == "textworld":
-            from envs.textworld_env import game_walkthrough
-        else:
-            from envs.alfworld_env import game_walkthrough
-        return game_walkthrough(path)
+        env = textworld_env if self.env_kind == "textworld" else alfworld_env
+        return env.game_walkthrough(path)

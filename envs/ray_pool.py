@@ -45,7 +45,7 @@ RAY_START_TIMEOUT_S = max(START_TIMEOUT_S, 300.0)
 def import_ray() -> Any:
     """The ``ray`` module, or an EnvError naming the install command."""
     try:
-        import ray
+        import ray  # lazily: ray is an optional extra
     except ImportError:
         raise EnvError("Ray is not installed: pip install reflexsim[ray]") from None
     return ray
@@ -63,7 +63,7 @@ class EnvActor:
             pass  # the first reset reports it
 
     def where(self) -> dict[str, Any]:
-        import ray
+        import ray  # lazily: ray is an optional extra
 
         return {
             "node_id": ray.get_runtime_context().get_node_id(),

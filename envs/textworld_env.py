@@ -159,6 +159,7 @@ def _squash(text: str) -> str:
 
 def _make_engine() -> Any:
     """TextWorld's Inform 7 wrapper around its Jericho backend, as ``textworld.start`` builds it."""
+    # heavy: textworld, only to play or make a game
     import textworld
     from textworld.envs import JerichoEnv, TWInform7
 

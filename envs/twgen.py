@@ -17,6 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from envs.errors import EnvError
 
 CHALLENGES = ("tw-simple", "tw-cooking")
@@ -84,8 +86,6 @@ def challenge_settings(challenge: str, **options: Any) -> dict[str, Any]:
 
 def game_seeds(seed: int, n: int) -> list[int]:
     """Per-game seeds: game ``i`` depends only on (seed, i), so a longer run extends a shorter."""
-    import numpy as np
-
     children = np.random.SeedSequence(seed).spawn(n)
     return [int(c.generate_state(1, dtype=np.uint32)[0]) for c in children]
 
@@ -178,6 +178,7 @@ def _worker() -> None:
 
 
 def _make_one(challenge: str, settings: dict[str, Any], game_seed: int, out_dir: str) -> str:
+    # heavy: textworld, only to play or make a game
     import textworld.challenges
     from textworld import GameOptions
     from textworld.generator import compile_game

@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from experiments.errors import Terminated, is_disk_full
+from experiments.errors import ConfigError, RunStoreError, Terminated, is_disk_full
 from experiments.terminal import EscapingFormatter, escape_controls
 
 # Exit codes (README "Exit codes"): 0 finished (complete, or stopped by its budget/deadline);
@@ -28,7 +32,7 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 def _games_generate(args: argparse.Namespace) -> int:
-    from envs.alfgen import generate
+    from envs.alfgen import generate  # lazily: envs loads gymnasium and numpy
 
     paths = generate(
         args.out,
@@ -42,13 +46,14 @@ def _games_generate(args: argparse.Namespace) -> int:
 
 
 def _games_stats(args: argparse.Namespace) -> int:
-    from envs.alfgen.stats import stats_report
+    from envs.alfgen.stats import stats_report  # lazily: envs loads gymnasium and numpy
 
     print(stats_report(args.dir))
     return 0
 
 
 def _run(args: argparse.Namespace) -> int:
+    # lazily: the CLI imports only what the chosen command runs
     from experiments import matrix
     from experiments.config import resolve
     from experiments.session import RunSession, recorded_config
@@ -76,7 +81,7 @@ def _run(args: argparse.Namespace) -> int:
 def _run_outcome(run_dir: Path) -> int:
     """The exit code of a run that returned, from the state its store derives (a line says
     what is left when it is not complete)."""
-    from experiments import matrix
+    from experiments import matrix  # lazily: the CLI imports only what the chosen command runs
 
     status, state = matrix.job_state(run_dir)
     if state is None or state.complete:
@@ -143,7 +148,7 @@ class ConsoleProgress:
         self.tasks, self.solved, self.total = tasks, solved, episodes_at_most
         self.began = self.last_line = self.clock()
         if self.stream.isatty():
-            from tqdm import tqdm
+            from tqdm import tqdm  # lazily: tqdm costs ~90 ms; only a terminal shows the bar
 
             self.bar = tqdm(total=episodes_at_most, unit="ep", desc="episodes", file=self.stream)
             self._postfix(0)
@@ -192,6 +197,7 @@ class ConsoleProgress:
 
 def _run_matrix(args: argparse.Namespace, preset: Any) -> int:
     """A preset with jobs: each job in <run dir>/<name>, one report; 1 if a job failed."""
+    # lazily: the CLI imports only what the chosen command runs
     from experiments import matrix
     from experiments.config import flag_values
 
@@ -220,6 +226,7 @@ def _run_matrix(args: argparse.Namespace, preset: Any) -> int:
 
 def _write_report_if_available(run_dir: Path) -> Path | None:
     try:
+        # lazily: the CLI imports only what the chosen command runs
         from experiments.report import write_report
 
         return write_report([run_dir])
@@ -228,6 +235,7 @@ def _write_report_if_available(run_dir: Path) -> Path | None:
 
 
 def _export(args: argparse.Namespace) -> int:
+    # lazily: the CLI imports only what the chosen command runs
     from experiments.export import export
     from experiments.training_data import FORMATS, export_training
 
@@ -241,6 +249,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
+    # lazily: the CLI imports only what the chosen command runs
     from experiments.report import write_report
 
     out = write_report([Path(d) for d in args.run_dirs], Path(args.out) if args.out else None)
@@ -249,6 +258,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _extract(args: argparse.Namespace) -> int:
+    # lazily: the CLI imports only what the chosen command runs
     from experiments.experience import extract_rules
 
     kept = extract_rules(args.run_dir, args.model)
@@ -257,6 +267,7 @@ def _extract(args: argparse.Namespace) -> int:
 
 
 def _experience(args: argparse.Namespace) -> int:
+    # lazily: the CLI imports only what the chosen command runs
     from experiments.experience import summary
 
     print(json.dumps(summary(args.run_dir, args.baseline), indent=2))
@@ -264,6 +275,7 @@ def _experience(args: argparse.Namespace) -> int:
 
 
 def _view(args: argparse.Namespace) -> int:
+    # lazily: the CLI imports only what the chosen command runs
     from experiments.viewer import serve
 
     server = serve(Path(args.run_dir), host=args.host, port=args.port)
@@ -276,6 +288,7 @@ def _view(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
+    # lazily: the CLI imports only what the chosen command runs
     from experiments.replay import replay
 
     replay(Path(args.run_dir), args.game, args.trial, sys.stdout)
@@ -283,6 +296,7 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # lazily: the CLI imports only what the chosen command runs
     from experiments.config import add_run_arguments
 
     parser = argparse.ArgumentParser(prog="reflexsim", description=__doc__)
@@ -379,7 +393,6 @@ RUN_NOTES = ("reflexsim.runner", "reflexsim.games")
 def _console_logging() -> None:
     """Warnings of the project's loggers, and the runner's own notes (e.g. games being
     generated on a first run), on stderr; everything else goes to the run's run.log."""
-    import logging
 
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(EscapingFormatter("%(message)s"))
@@ -433,8 +446,6 @@ def _handle_sigterm(terminated: list[int]) -> Callable[[], None]:
     loop, SIGINT's handler cancels the run (its ``finally`` commits what was played); elsewhere
     ``Terminated`` is raised. ``terminated`` records it, for the exit code 143. Returns what
     puts the previous handler back. A SIGTERM already ignored (``nohup``) stays ignored."""
-    import signal
-    import threading
 
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
@@ -465,7 +476,6 @@ BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a reader that stopp
 def _stdout_closed() -> int:
     """The reader of stdout went away (``reflexsim replay ... | head``): not an error of ours.
     Python's documented way: point stdout at devnull so the flush at exit cannot raise again."""
-    import os
 
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
@@ -473,9 +483,9 @@ def _stdout_closed() -> int:
 
 
 def _is_user_error(exc: BaseException) -> bool:
+    # lazily: the CLI imports only what the chosen command runs (envs loads gymnasium)
     from agents.llm.base import MissingDependencyError, SpecError
     from envs.errors import EnvError
-    from experiments.errors import ConfigError, RunStoreError
 
     if is_disk_full(exc):
         return True  # writing a report, config.yaml, an export (the store says so itself)

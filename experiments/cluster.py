@@ -68,6 +68,7 @@ def _probe_storage(root: str, token: str) -> str | None:
 
 def check_shared_storage(root: Path, ray: Any) -> None:
     """Every live node reads and writes the matrix directory; else a one-line ConfigError."""
+    # lazily: ray is an optional extra
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     token = secrets.token_hex(8)
@@ -146,7 +147,7 @@ def _job_task(
 ) -> dict[str, Any]:
     """A job's Ray task: take its lock, record where it runs, ``play`` (or resume) it; its run
     store records the placement too."""
-    import ray
+    import ray  # lazily: ray is an optional extra
 
     cfg = from_mapping(values, source="ray job")
     job_dir = run_dir_of(cfg)

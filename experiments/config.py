@@ -27,10 +27,12 @@ import re
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from agents import arms
+from agents.llm.common import safe_url
 from agents.options import declare, leaf_names, model_spec, option
 from agents.reflexion_code import CODE_PROTOCOL
 from experiments.errors import ConfigError
@@ -489,8 +491,6 @@ _URLS = re.compile(
 def public_value(value: Any) -> Any:
     """One config value as :func:`public_values` writes it."""
     if isinstance(value, str) and _URLS.match(value):
-        from agents.llm.common import safe_url
-
         return ",".join(str(safe_url(u.strip())) for u in value.split(","))
     if isinstance(value, Mapping):
         return {k: public_value(v) for k, v in value.items() if not _SECRET_NAME.search(str(k))}
@@ -667,7 +667,7 @@ def from_mapping(values: Mapping[str, Any], source: str = "config") -> RunConfig
 
 
 def load_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
-    import yaml
+    import yaml  # lazily: PyYAML costs ~25 ms; only reading or writing YAML needs it
 
     try:
         data = yaml.safe_load(Path(path).read_text())
@@ -699,7 +699,7 @@ class _KeyValue(argparse.Action):
     """``--backend-option KEY=VALUE`` (repeatable): values are read as YAML scalars."""
 
     def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
-        import yaml
+        import yaml  # lazily: PyYAML costs ~25 ms; only reading or writing YAML needs it
 
         key, sep, raw = str(values).partition("=")
         if not sep or not key:
@@ -795,7 +795,6 @@ def parse_deadline(value: str | None, start: float) -> float | None:
                 f"bad deadline {value!r}: a wall time is a finite number >= 0 (8h, 90m, 3600s)"
             )
         return start + seconds
-    from datetime import datetime
 
     try:
         return datetime.fromisoformat(value).timestamp()

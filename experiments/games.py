@@ -9,7 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from envs.discovery import SPLITS, TASK_TYPES, discover_games
 from envs.ground_truth import GameFileTruth
+from envs.textworld_env import discover_textworld_games
+from envs.twgen import generate_textworld_games
 from experiments.config import RunConfig, data_root
 from experiments.errors import ConfigError
 from experiments.trials import Task
@@ -38,7 +41,6 @@ def select_games(cfg: RunConfig) -> GameSet:
     """The games of the run: explicit ids, else the split's first N (sorted by id)."""
     if cfg.gameset.env == "textworld":
         return _textworld_games(cfg)
-    from envs.discovery import discover_games
 
     data = data_root(cfg)
     if data is None:
@@ -54,7 +56,6 @@ def select_games(cfg: RunConfig) -> GameSet:
         records = [by_id[g] for g in cfg.gameset.game_ids]
     elif cfg.gameset.games is not None:
         records = records[: cfg.gameset.games]
-    from envs.discovery import TASK_TYPES
 
     tasks = [Task(r.game_id, TASK_TYPES[r.task_type]) for r in records]
     kwargs = {
@@ -70,7 +71,7 @@ def select_games(cfg: RunConfig) -> GameSet:
 def generated_games_dir(cfg: RunConfig) -> Path:
     """Where the default generated ALFWorld games for this config are kept (per generator
     version: a newer generator never reuses an older one's games)."""
-    from envs.alfgen import GENERATOR_VERSION
+    from envs.alfgen import GENERATOR_VERSION  # lazily: ~60 ms, only for generated games
 
     return (
         DEFAULT_GAMES
@@ -80,8 +81,7 @@ def generated_games_dir(cfg: RunConfig) -> Path:
 
 def _generated_default(cfg: RunConfig) -> Path:
     """Games made on first use when no ALFWorld data is given (contamination-free)."""
-    from envs.alfgen import generate
-    from envs.discovery import SPLITS
+    from envs.alfgen import generate  # lazily: ~60 ms, only for generated games
 
     root = generated_games_dir(cfg)
     marker = root / SPLITS[cfg.gameset.split] / ".complete"
@@ -105,12 +105,8 @@ def textworld_cache_dir(cfg: RunConfig) -> Path:
 
 
 def _textworld_games(cfg: RunConfig) -> GameSet:
-    from envs.textworld_env import discover_textworld_games
-
     game_dir = cfg.gameset.data
     if game_dir is None:
-        from envs.twgen import generate_textworld_games
-
         root = textworld_cache_dir(cfg)
         n = int(root.name.rsplit("-n", 1)[1])
         if not (root / ".complete").is_file():

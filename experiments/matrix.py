@@ -50,9 +50,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agents import arms
+from envs.discovery import SPLITS, TASK_TYPES, split_dir
+from experiments.cluster import run_jobs
 from experiments.config import (
     RunConfig,
     data_root,
@@ -65,10 +67,20 @@ from experiments.config import (
 from experiments.errors import ConfigError, RunStoreError
 from experiments.games import generated_games_dir, select_games, textworld_cache_dir
 from experiments.lock import DirLock
+from experiments.ray_session import describe_resources, import_ray, job_resources
+from experiments.report import write_report
+from experiments.serve import (
+    HOST,
+    ModelServer,
+    check_serve,
+    serve_settings,
+    serve_template,
+    served_model,
+    server_argv,
+    stop_server_on_signals,
+)
 from experiments.session import RunSession, record_notes, run_dir_of
-
-if TYPE_CHECKING:
-    from experiments.store import RunState
+from experiments.store import DB_NAME, RunState, RunStore
 
 log = logging.getLogger("reflexsim.matrix")
 
@@ -225,8 +237,6 @@ def job_config(
         values["serve"] = False  # e.g. --model scripted:expert on a served preset
     cfg = from_mapping(values, source=where)
     if cfg.server.serve:
-        from experiments.serve import check_serve
-
         check_serve(cfg)
     if start is not None and cfg.budget.deadline is not None:
         # one deadline for the whole matrix, not a fresh "8h" per job
@@ -260,8 +270,6 @@ def plan_job(cfg: RunConfig, needs_data: bool = False) -> dict[str, Any]:
         out = estimated_plan(cfg, n)
         out["games_note"] = note
     if cfg.server.serve:
-        from experiments.serve import HOST, serve_template, served_model, server_argv
-
         words = server_argv(serve_template(cfg), served_model(cfg), HOST, cfg.server.serve_port)
         out["serve"] = {
             "command": shlex.join(words),
@@ -269,8 +277,6 @@ def plan_job(cfg: RunConfig, needs_data: bool = False) -> dict[str, Any]:
             "log": str(Path(cfg.execution.run_dir or ".") / "server.log"),
         }
     if cfg.cluster.address:
-        from experiments.ray_session import describe_resources, job_resources
-
         out["ray"] = {
             "address": cfg.cluster.address,
             "reserves": describe_resources(job_resources(cfg)),
@@ -321,7 +327,6 @@ def estimated_plan(cfg: RunConfig, n: int, **games: Any) -> dict[str, Any]:
 
 def _games_not_present(cfg: RunConfig, needs_data: bool) -> tuple[int, str] | None:
     """(games, note) when a plan cannot list the games without making or finding them."""
-    from envs.discovery import SPLITS, TASK_TYPES, split_dir
 
     if cfg.gameset.env == "textworld":
         if cfg.gameset.data is not None or (textworld_cache_dir(cfg) / ".complete").is_file():
@@ -425,7 +430,6 @@ def job_status(job_dir: Path) -> str:
 
 def job_state(job_dir: Path) -> tuple[str, RunState | None]:
     """``job_status`` and the run state behind it (None for a new job)."""
-    from experiments.store import DB_NAME, RunStore
 
     if not (job_dir / DB_NAME).is_file():
         return "new", None
@@ -446,8 +450,6 @@ class _Servers:
         self.server: Any = None
 
     def get(self, cfg: RunConfig, job_dir: Path) -> Any:
-        from experiments.serve import ModelServer, serve_settings
-
         settings = serve_settings(cfg, job_dir / "server.log", self.matrix_dir / "server.pid")
         key = (settings.argv, settings.port, settings.model, settings.startup_timeout_s)
         if self.server is not None and key == self.key and self.server.failed is None:
@@ -526,8 +528,6 @@ def _run_matrix(
 ) -> MatrixResult:
     on_ray = _ray_address(preset, flags)
     if on_ray:
-        from experiments.ray_session import import_ray
-
         import_ray()  # a missing extra is a one-line error before anything is written
         root = root.resolve()  # every node must find it at the same path
     state["flags"] = public_values({k: v for k, v in dict(flags).items() if k != "run_dir"})
@@ -545,13 +545,10 @@ def _run_matrix(
     lock.acquire(what="a preset run")
     results: dict[str, dict[str, Any]] = state.setdefault("jobs", {})
     _write_state(root, state)
-    from experiments.serve import stop_server_on_signals
 
     play = functools.partial(play_job, force=force)
     with stop_server_on_signals():
         if on_ray:
-            from experiments.cluster import run_jobs
-
             state["ray"] = on_ray
             todo = []
             for job, cfg in _own_ports(configs):
@@ -691,7 +688,6 @@ def _own_ports(configs: list[tuple[Job, RunConfig]]) -> list[tuple[Job, RunConfi
 def _report(
     root: Path, preset: Preset, results: dict[str, dict[str, Any]], state: dict[str, Any]
 ) -> Path | None:
-    from experiments.report import write_report
 
     dirs = [
         Path(results[j.name]["run_dir"])

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from agents.llm.base import MissingDependencyError
 from experiments.config import RunConfig
 from experiments.errors import ConfigError
 
@@ -36,10 +37,8 @@ _PARALLEL_FLAGS = {
 def import_ray() -> Any:
     """The ``ray`` module, or the one-line error naming the extra."""
     try:
-        import ray
+        import ray  # lazily: ray is an optional extra
     except ImportError:
-        from agents.llm.base import MissingDependencyError
-
         raise MissingDependencyError("ray", "ray") from None
     return ray
 
@@ -95,7 +94,7 @@ def alive_nodes(ray: Any) -> list[dict[str, Any]]:
 def ray_env_pool(cfg: RunConfig, spec: Any, slots: int) -> Any:
     """A :class:`envs.ray_pool.RayEnvPool` for a run with ``env_workers_on_ray``; it connects to
     ``--ray`` first when this process is not connected yet (and disconnects when closed)."""
-    from envs.ray_pool import RayEnvPool
+    from envs.ray_pool import RayEnvPool  # lazily: envs loads gymnasium and numpy
 
     address = cfg.cluster.address
     if not address:

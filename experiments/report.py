@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from agents import arms
+from agents.llm.pricing import cost_usd
 from experiments.errors import RunStoreError
 from experiments.store import (
     CallTotals,
@@ -64,7 +65,7 @@ def wilson_interval(successes: int, n: int, confidence: float = CONFIDENCE) -> t
     """The Wilson score interval of a success rate; (0, 1) when there are no trials."""
     if n == 0:
         return (0.0, 1.0)
-    from scipy.stats import binomtest
+    from scipy.stats import binomtest  # heavy: scipy, only for a report's tests
 
     ci = binomtest(successes, n).proportion_ci(confidence_level=confidence, method="wilson")
     return (float(ci.low), float(ci.high))
@@ -74,13 +75,14 @@ def mcnemar_exact(only_a: int, only_b: int) -> float:
     """McNemar's exact test (two-sided): the binomial test of the discordant pairs at 1/2."""
     if only_a + only_b == 0:
         return 1.0
-    from scipy.stats import binomtest
+    from scipy.stats import binomtest  # heavy: scipy, only for a report's tests
 
     return float(binomtest(only_a, only_a + only_b, 0.5, alternative="two-sided").pvalue)
 
 
 def _task_type_of(game: str) -> str:
     """The short task type from an ALFWorld game id, for tasks that have no episode yet."""
+    # lazily: envs loads gymnasium and numpy
     from envs.discovery import TASK_TYPES, task_type_from_name
 
     for part in reversed(game.split("/")):
@@ -91,10 +93,6 @@ def _task_type_of(game: str) -> str:
 
 
 def _cost(model: str, tokens: Tokens) -> float:
-    try:
-        from agents.llm.pricing import cost_usd
-    except ImportError:
-        return 0.0
     return float(cost_usd(model, tokens.prompt, tokens.completion, tokens.cached_prompt))
 
 
@@ -561,7 +559,7 @@ def plot_compute(summaries: Sequence[RunSummary], labels: Sequence[str], path: P
 def plot_failures(summaries: Sequence[RunSummary], labels: Sequence[str], path: Path) -> Path:
     """Failure classes per trial as stacked bars (one panel per run); harness errors in grey."""
     plt = _pyplot()
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import MaxNLocator  # heavy: matplotlib, only for a report's figures
 
     n = max(len(summaries), 1)
     fig, axes = plt.subplots(1, n, figsize=FIG_SIZE_IN, dpi=FIG_DPI, sharey=True, squeeze=False)
@@ -597,16 +595,16 @@ def plot_failures(summaries: Sequence[RunSummary], labels: Sequence[str], path: 
 
 
 def _pyplot() -> Any:
-    import matplotlib
+    import matplotlib  # heavy: matplotlib, only for a report's figures
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # heavy: matplotlib, only for a report's figures
 
     return plt
 
 
 def _save(fig: Any, path: Path) -> Path:
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # heavy: matplotlib, only for a report's figures
 
     fig.savefig(path, dpi=FIG_DPI, format="png")
     plt.close(fig)

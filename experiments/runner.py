@@ -18,8 +18,11 @@ from typing import Any
 from agents.experience import Experience
 from agents.llm import make_backend
 from agents.llm.base import Backend
+from agents.llm.common import check_grounding
 from agents.llm.ground_truth import NO_GROUND_TRUTH, GroundTruth
+from agents.llm.pricing import cost_usd
 from envs.aio import AsyncEnvPool
+from envs.pool import EnvPool, EnvSpec
 from experiments.arming import (
     backend_options,
     build_agent,
@@ -32,6 +35,7 @@ from experiments.engine import Engine, ModelClient, Usage
 from experiments.errors import RunStoreError
 from experiments.games import GameSet
 from experiments.progress import NoProgress, Progress, RunLog
+from experiments.ray_session import ray_env_pool
 from experiments.store import RunStore
 from experiments.trials import Escalation, Task, TrialLoop
 
@@ -52,10 +56,6 @@ def make_backends(cfg: RunConfig, truth: GroundTruth = NO_GROUND_TRUTH) -> tuple
 
 
 def run_cost(usage_prompt: int, usage_completion: int, cached: int, model: str) -> float:
-    try:
-        from agents.llm.pricing import cost_usd
-    except ImportError:
-        return 0.0
     return float(cost_usd(model, usage_prompt, usage_completion, cached))
 
 
@@ -102,8 +102,6 @@ def open_backends(cfg: RunConfig, truth: GroundTruth = NO_GROUND_TRUTH) -> Backe
         _close_all([actor, reflector])
         raise
     if cfg.models.action_decoding == "grounded":
-        from agents.llm.common import check_grounding
-
         try:
             check_grounding(actor)  # a backend that cannot constrain: one line naming nearest
         except BaseException:
@@ -216,15 +214,12 @@ def _wire(
 
 def _env_pool(cfg: RunConfig, games: GameSet, stack: ExitStack) -> AsyncEnvPool:
     """The env workers (processes here, or Ray actors across the cluster), closed by ``stack``."""
-    from envs.pool import EnvPool, EnvSpec
 
     spec = EnvSpec(games.env_kind, games.env_kwargs)
     # a spare slot per worker: an episode resets its game there while it waits for its turn
     slots = min(cfg.execution.concurrency + cfg.execution.workers, max(len(games.tasks), 1))
     pool: Any
     if cfg.cluster.env_workers_on_ray:  # the same API; the actors run across the cluster
-        from experiments.ray_session import ray_env_pool
-
         pool = ray_env_pool(cfg, spec, slots)
     else:
         pool = EnvPool(
@@ -329,6 +324,6 @@ def _record_end(store: RunStore, wall_s: float, ended: dict[str, Any], stopped: 
 
 
 def _yaml(tree: dict[str, Any]) -> str:
-    import yaml
+    import yaml  # lazily: PyYAML costs ~25 ms; only reading or writing YAML needs it
 
     return str(yaml.safe_dump(tree, sort_keys=False))

@@ -64,9 +64,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agents.llm.base import MissingDependencyError
+from agents.llm.specs import parse_spec
 from agents.llm.vllm_backend import SERVE_COMMAND
 from experiments.config import RunConfig, from_mapping, public_value
 from experiments.errors import ConfigError
+from experiments.ray_session import alive_nodes, check_fits, gpu_options, model_gpus, session
 
 log = logging.getLogger("reflexsim.serve")
 
@@ -111,7 +114,6 @@ class ServeSettings:
 
 def served_model(cfg: RunConfig) -> str:
     """The model a served run's server must serve (the target of its ``vllm:`` spec)."""
-    from agents.llm.specs import parse_spec
 
     spec = parse_spec(cfg.models.model)
     if spec.kind != "vllm":
@@ -126,8 +128,6 @@ def check_serve(cfg: RunConfig) -> None:
     """One-line errors for a served config that cannot work (before anything is started)."""
     served_model(cfg)
     if cfg.models.reflect_model and cfg.models.reflect_model != cfg.models.model:
-        from agents.llm.specs import parse_spec
-
         if parse_spec(cfg.models.reflect_model).kind == "vllm":
             raise ConfigError(
                 f"--serve serves one model ({cfg.models.model}); reflect-model {cfg.models.reflect_model!r} "
@@ -197,8 +197,6 @@ def _executable(name: str) -> str:
     if beside.is_file() and os.access(beside, os.X_OK):
         return str(beside)
     if name == "vllm":
-        from agents.llm.base import MissingDependencyError
-
         raise MissingDependencyError("vllm", "vllm")
     raise ConfigError(
         f"serve-command program {name!r} not found on PATH: install it or fix the path"
@@ -637,7 +635,7 @@ class ReplicaActor:
         self.server: Any = None
 
     def start(self, values: dict[str, Any], index: int, run_dir: str) -> dict[str, Any]:
-        import ray
+        import ray  # lazily: ray is an optional extra
 
         cfg = from_mapping(values, source="served replica")
         host = ray.util.get_node_ip_address()
@@ -671,7 +669,6 @@ def serve_replicas(cfg: RunConfig, run_dir: Path) -> Iterator[list[dict[str, Any
     """``serve_replicas`` model servers started as Ray actors (each reserving the model's GPUs,
     spread over the nodes), connected to ``--ray`` while the block runs. Yields each one's URL,
     node and log; when the block ends they are stopped, and each entry gets how it ended."""
-    from experiments.ray_session import alive_nodes, check_fits, gpu_options, model_gpus, session
 
     with session(str(cfg.cluster.address)) as ray:
         options = {"num_cpus": 1, **gpu_options(cfg, model_gpus(cfg))}

@@ -38,6 +38,7 @@ from experiments.games import GameSet, select_games
 from experiments.lock import DirLock
 from experiments.manifest import build_manifest, manifest_differences, resumed_manifest
 from experiments.progress import Progress
+from experiments.ray_session import import_ray
 from experiments.runner import Backends, Plan, execute, open_backends
 from experiments.serve import (
     ModelServer,
@@ -153,8 +154,6 @@ class RunSession:
         if cfg.server.serve:
             check_serve(cfg)
         if cfg.cluster.address:
-            from experiments.ray_session import import_ray
-
             import_ray()  # --ray without the extra is a one-line error, here as anywhere
         check_prompts_file(cfg, self.games.tasks)
         instruction(cfg)

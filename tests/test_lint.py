@@ -4,6 +4,7 @@ import ast
 import shutil
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -100,6 +101,45 @@ def test_light_imports():
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
+
+
+def _unexplained_inner_imports(path: Path) -> list[int]:
+    """Lines of imports inside functions with no comment saying why they are not at the top: on
+    the statement's lines, on the line directly above, or above the run of imports it ends."""
+    text = path.read_text()
+    with path.open("rb") as fh:
+        comments = {
+            t.start[0] for t in tokenize.tokenize(fh.readline) if t.type == tokenize.COMMENT
+        }
+    inner = sorted(
+        {
+            (n.lineno, n.end_lineno or n.lineno)
+            for f in ast.walk(ast.parse(text))
+            if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
+            for n in ast.walk(f)
+            if isinstance(n, ast.Import | ast.ImportFrom)
+        }
+    )
+    explained: set[int] = set()  # end lines of explained imports, for the next one in a run
+    missing = []
+    for first, last in inner:
+        said = any(line in comments for line in range(first - 1, last + 1))
+        if said or first - 1 in explained:
+            explained.add(last)
+        else:
+            missing.append(first)
+    return missing
+
+
+def test_imports_inside_functions_say_why():
+    """An import that is not at the top of its file carries a comment saying why (a heavy
+    optional library, a cycle, start-up time)."""
+    for package in PACKAGES:
+        for f in _files(package):
+            missing = _unexplained_inner_imports(f)
+            assert not missing, (
+                f"{f.relative_to(ROOT)}:{missing[0]} imports inside a function with no comment why"
+            )
 
 
 def _sys_attrs(tree: ast.AST, name: str) -> list[ast.Attribute]:

@@ -51,6 +51,7 @@ from agents.llm.common import (
     safe_url,
     url_secrets,
 )
+from agents.llm.deadline import RequestGuard
 from agents.llm.retry import (
     MalformedResponse,
     Retryable,
@@ -67,7 +68,7 @@ _FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length"}
 
 def classify_anthropic_error(exc: BaseException) -> Retryable | None:
     """Retryable for timeouts, dropped connections, 408/409/429/5xx and malformed JSON."""
-    import anthropic
+    import anthropic  # heavy: anthropic is an optional extra
 
     return classify_sdk_error(anthropic, exc)
 
@@ -132,7 +133,6 @@ class AnthropicBackend:
         # the key lives only in this closure and the SDK client (and the URL's secrets)
         self._scrub = key_scrubber(key, *url_secrets(base_url))
         anthropic = require("anthropic", "anthropic", "anthropic")
-        from agents.llm.deadline import RequestGuard
 
         self._guard = RequestGuard(self.timeout)  # timeout: the whole of each attempt
         self._client = anthropic.Anthropic(

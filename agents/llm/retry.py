@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from agents.llm.base import BackendError
-from agents.llm.common import context_limit_error
+from agents.llm.common import context_limit_error, opt_float, opt_int
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -67,7 +67,6 @@ class RetryPolicy:
         max_retry_after: Any,
     ) -> RetryPolicy:
         """A policy from backend options (numbers or strings); a bad value is a SpecError."""
-        from agents.llm.common import opt_float, opt_int
 
         return cls(
             max_retries=opt_int(backend, "max_retries", max_retries, 0),
@@ -154,7 +153,7 @@ def call_with_retries(
     the request fails with a BackendError that says so. Every BackendError raised carries the
     retries made.
     """
-    import tenacity
+    import tenacity  # lazily: tenacity costs ~30 ms; only a backend that calls out retries
 
     stop_event = cancelled or threading.Event()
 

@@ -42,6 +42,7 @@ from typing import Any
 
 from agents.llm.base import BackendError, Completion, ContextLimitError, Request, SpecError
 from agents.llm.common import routing_key, safe_url
+from agents.llm.openai_backend import OpenAIBackend
 from agents.llm.retry import concurrent_map
 
 log = logging.getLogger("agents.llm.sharded")
@@ -63,8 +64,6 @@ def ranking(key: str, urls: Sequence[str]) -> list[int]:
 
 
 def _server_options() -> set[str]:
-    from agents.llm.openai_backend import OpenAIBackend
-
     params = inspect.signature(OpenAIBackend).parameters
     return {n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY} - {
         "base_url",
@@ -104,7 +103,6 @@ class ShardedBackend:
             self.down_for_s = float(down_for_s)
         except (TypeError, ValueError):
             raise SpecError(f"sharded: option down_for_s={down_for_s!r} must be a number") from None
-        from agents.llm.openai_backend import OpenAIBackend
 
         self.model = model
         self.urls = urls

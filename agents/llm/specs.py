@@ -124,6 +124,7 @@ def make_backend(
     factory: Callable[..., Any]
     base_url = options.get("base_url")
     if kind in ("openai", "vllm") and isinstance(base_url, str) and "," in base_url:
+        # lazily: only the backend a spec names is loaded
         from agents.llm.sharded import ShardedBackend
 
         options.pop("base_url")
@@ -135,22 +136,27 @@ def make_backend(
 
         factory = OpenAIBackend
     elif kind == "vllm":
+        # lazily: only the backend a spec names is loaded
         from agents.llm.vllm_backend import VLLMBackend
 
         return VLLMBackend(target, **options)  # type: ignore[return-value]
     elif kind == "openai":
+        # lazily: only the backend a spec names is loaded
         from agents.llm.openai_backend import OpenAIBackend
 
         factory = OpenAIBackend
     elif kind == "anthropic":
+        # lazily: only the backend a spec names is loaded
         from agents.llm.anthropic_backend import AnthropicBackend
 
         factory = AnthropicBackend
     elif kind == "hf":
+        # lazily: only the backend a spec names is loaded
         from agents.llm.hf_backend import HFBackend
 
         factory = HFBackend
     elif kind in ("llamacpp", "embedded"):
+        # lazily: only the backend a spec names is loaded
         from agents.llm.llamacpp_backend import LlamaCppBackend, embedded_model_path
 
         _check_options(LlamaCppBackend, parsed, options)
@@ -159,6 +165,7 @@ def make_backend(
             return LlamaCppBackend(embedded_model_path(target), **options)
         return LlamaCppBackend(target, **options)
     else:
+        # lazily: only the backend a spec names is loaded
         from agents.llm.scripted import ScriptedBackend
 
         factory = ScriptedBackend

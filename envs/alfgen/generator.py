@@ -39,6 +39,7 @@ from envs.alfgen.tasks import (
     scene_fits,
     shortest_plan,
 )
+from envs.alfworld_env import ALFWorldEnv
 from envs.discovery import SPLITS, normalize_task_types
 from envs.errors import EnvError
 
@@ -245,7 +246,6 @@ class GameMaker:
 
     def _replay_wins(self, files: GameFiles) -> bool:
         """Play the walkthrough through ALFWorldEnv on the written files: must end in ``won``."""
-        from envs.alfworld_env import ALFWorldEnv
 
         assert self._stage is not None, "use GameMaker as a context manager"
         root = Path(self._stage.name) / hashlib.sha256(files.game_id.encode()).hexdigest()[:16]
@@ -274,6 +274,7 @@ class _Planner:
     """fast-downward through TextWorld: ``PddlState(...).replan`` with ALFWorld's entity names."""
 
     def __init__(self) -> None:
+        # heavy: the planner and textworld, only to make games
         import fast_downward
         from textworld.envs.pddl import logic as pddl_logic
 
@@ -283,6 +284,7 @@ class _Planner:
         self._logic = pddl_logic.GameLogic(domain=domain, grammar=grammar)
 
     def plan(self, problem: str) -> list[str]:
+        # heavy: alfworld and textworld, only to make games
         from alfworld.agents.utils.misc import Demangler
         from textworld.generator.game import EntityInfo
 

@@ -124,7 +124,7 @@ def render_problem(task: Task, problem_id: str, planning: bool = False) -> str:
 @functools.lru_cache(maxsize=1)
 def alfworld_logic() -> tuple[str, str]:
     """(pddl_domain, grammar template with ``UNKNOWN GOAL``) in the released games' form."""
-    from alfworld import info
+    from alfworld import info  # heavy: alfworld, only to play or make a game
 
     with open(info.ALFRED_PDDL_PATH) as f:
         domain = f.read()

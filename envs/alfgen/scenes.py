@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from envs.alfgen.stats import train_scene_receptacles, train_stats
 from envs.errors import EnvError
 
@@ -167,6 +169,7 @@ def alfworld_dir() -> Path:
 
 def constants() -> Any:
     """``alfworld.gen.constants`` (ALFRED's object and receptacle tables)."""
+    # heavy: alfworld, only to play or make a game
     import alfworld.gen.constants as alfred_constants
 
     return alfred_constants
@@ -232,8 +235,6 @@ def _stream(*parts: object) -> random.Random:
 @functools.cache
 def load_scene(number: int) -> Scene:
     """Read one floor plan (cached): the same room every time it is asked for."""
-    import numpy as np
-
     layouts = alfworld_dir() / "gen" / "layouts"
     base = layouts / f"FloorPlan{number}"
     try:

@@ -543,7 +543,7 @@ def _deliver(at: Loc, opened: Collection[str], p: Receptacle) -> int:
 
 
 def _sentence(task_type: str, target: str, parent: str, toggle: str, rng: random.Random) -> str:
-    from alfworld.gen import goal_library
+    from alfworld.gen import goal_library  # heavy: alfworld, only to play or make a game
 
     template = rng.choice(goal_library.gdict[task_type]["templates"])
     text = template.format(obj=target.lower(), recep=parent.lower(), toggle=toggle.lower())
@@ -552,7 +552,7 @@ def _sentence(task_type: str, target: str, parent: str, toggle: str, rng: random
 
 def goal_pddl(task: Task) -> str:
     """The goal block exactly as ALFWorld's games carry it (goal library, ``#`` as ``-``)."""
-    from alfworld.gen import goal_library
+    from alfworld.gen import goal_library  # heavy: alfworld, only to play or make a game
 
     template = goal_library.gdict[task.task_type]["pddl"]
     return template.format(obj=task.target, recep=task.parent, toggle=task.toggle).replace("#", "-")
