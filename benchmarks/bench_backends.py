@@ -28,7 +28,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
 from timing import median_time  # noqa: E402
 
@@ -91,7 +90,7 @@ def short_prompts(n: int, nonce: int) -> list[str]:
 
 
 def bench_http(args: argparse.Namespace) -> None:
-    from fault_server import FaultPlan, FaultServer
+    from tests.support.fault_server import FaultPlan, FaultServer
 
     n = args.n
     print(f"\n== HTTP: {n} requests concurrently vs one at a time (median of {args.repeats})")

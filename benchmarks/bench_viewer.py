@@ -22,15 +22,15 @@ import time
 from pathlib import Path
 from urllib.parse import quote
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the test runs: tests/support
 
-from runfactory import TaskPlan, episode_steps, game_id, make_run  # noqa: E402
 from timing import median_time  # noqa: E402
 
 from experiments.report import write_report  # noqa: E402
 from experiments.store import RunStore, episode_id, open_reader  # noqa: E402
 from experiments.viewer import serve  # noqa: E402
 from memory.records import ModelCall  # noqa: E402
+from tests.support.runfactory import TaskPlan, episode_steps, game_id, make_run  # noqa: E402
 
 TYPES = ("put", "clean", "heat", "cool", "examine", "puttwo")
 
