@@ -36,14 +36,13 @@ from collections import deque
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-
-from fault_server import FaultPlan, FaultServer  # noqa: E402
+sys.path.insert(0, str(ROOT))
 
 from envs.alfworld_env import ALFWorldEnv, game_walkthrough  # noqa: E402
 from experiments.config import RunConfig  # noqa: E402
 from experiments.session import run  # noqa: E402
 from experiments.store import open_reader  # noqa: E402
+from tests.support.fault_server import FaultPlan, FaultServer  # noqa: E402
 
 SPLIT = "eval_in_distribution"
 MEDIAN_S, SIGMA = 0.3, 0.8
