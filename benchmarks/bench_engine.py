@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the test servers: tests/support
 
-from envs.alfworld_env import ALFWorldEnv  # noqa: E402
+from envs.alfworld_env import ALFWorldEnv, game_walkthrough  # noqa: E402
 from experiments.config import RunConfig  # noqa: E402
 from experiments.session import run  # noqa: E402
 from experiments.store import open_reader  # noqa: E402
@@ -65,7 +65,8 @@ class WalkthroughServer:
         self.games: list[tuple[str, list[str]]] = []
         for game in games:
             obs, info = env.reset(options={"game": game})
-            self.games.append((obs, list(info["walkthrough"])))
+            # read from the game file: the env's replies never carry the walkthrough
+            self.games.append((obs, game_walkthrough(Path(info["game_file"])) or []))
         env.close()
 
     def answer(self, prompt: str) -> str:

@@ -22,7 +22,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from envs.alfworld_env import ALFWorldEnv
+from envs.alfworld_env import ALFWorldEnv, game_walkthrough
 from envs.discovery import discover_games
 from envs.pool import EnvPool, EnvSpec, Reset
 from memory.records import EnvReply
@@ -53,6 +53,17 @@ def load() -> str:
     return f"load average {one:.2f} {five:.2f} {fifteen:.2f} on {os.cpu_count()} cores"
 
 
+def walkthroughs(games: list[tuple[str, Path]]) -> dict[str, list[str]]:
+    """Each game's walkthrough, read here from its game file (the env's replies never carry it),
+    before any timing."""
+    plans = {}
+    for game_id, path in games:
+        plan = game_walkthrough(path)
+        assert plan, f"game {game_id} has no walkthrough"
+        plans[game_id] = plan
+    return plans
+
+
 # -- (a) + (b) -------------------------------------------------------------------------------------
 def time_raw(raw: Any, path: Path, t: dict[str, float]) -> None:
     began = time.perf_counter()
@@ -65,17 +76,17 @@ def time_raw(raw: Any, path: Path, t: dict[str, float]) -> None:
         t["raw_step"] += time.perf_counter() - began
 
 
-def time_env(env: ALFWorldEnv, game_id: str, t: dict[str, float]) -> int:
+def time_env(env: ALFWorldEnv, game_id: str, walkthrough: list[str], t: dict[str, float]) -> int:
     began = time.perf_counter()
-    _, info = env.reset(options={"game": game_id})
+    env.reset(options={"game": game_id})
     t["env_reset"] += time.perf_counter() - began
     won = False
-    for action in info["walkthrough"]:
+    for action in walkthrough:
         began = time.perf_counter()
         won = env.step(action)[2]
         t["env_step"] += time.perf_counter() - began
     assert won, game_id
-    return len(info["walkthrough"])
+    return len(walkthrough)
 
 
 def bench_step_and_reset(data: Path, games: list[tuple[str, Path]], repeats: int) -> None:
@@ -83,6 +94,7 @@ def bench_step_and_reset(data: Path, games: list[tuple[str, Path]], repeats: int
     repeat), so both see the same machine at nearly the same time."""
     env = ALFWorldEnv(data_dir=data, split=SPLIT)
     raw = raw_engine()
+    plans = walkthroughs(games)
     step_ratio, reset_ratio, raw_step, env_step, raw_reset, env_reset = [], [], [], [], [], []
     for rep in range(repeats):
         t = {"raw_step": 0.0, "env_step": 0.0, "raw_reset": 0.0, "env_reset": 0.0}
@@ -90,9 +102,9 @@ def bench_step_and_reset(data: Path, games: list[tuple[str, Path]], repeats: int
         for game_id, path in games:
             if rep % 2 == 0:
                 time_raw(raw, path, t)
-                steps += time_env(env, game_id, t)
+                steps += time_env(env, game_id, plans[game_id], t)
             else:
-                steps += time_env(env, game_id, t)
+                steps += time_env(env, game_id, plans[game_id], t)
                 time_raw(raw, path, t)
         step_ratio.append(t["env_step"] / t["raw_step"])
         reset_ratio.append(t["env_reset"] / t["raw_reset"])
@@ -113,14 +125,15 @@ def bench_step_and_reset(data: Path, games: list[tuple[str, Path]], repeats: int
 
 
 # -- (c) -----------------------------------------------------------------------------------------
-def bench_rss(data: Path, game_ids: list[str], marks: tuple[int, ...]) -> None:
+def bench_rss(data: Path, games: list[tuple[str, Path]], marks: tuple[int, ...]) -> None:
     """One env alone in a worker process plays every walkthrough; its RSS is read from /proc."""
     spec = EnvSpec("alfworld", {"data_dir": data, "split": SPLIT})
+    plans = walkthroughs(games)
     readings: list[str] = []
     with EnvPool(spec, workers=1, timeout_s=300) as pool:
-        for n, game_id in enumerate(game_ids, start=1):
+        for n, (game_id, _) in enumerate(games, start=1):
             result = pool.reset(0, game_id)
-            for action in result.info["walkthrough"]:
+            for action in plans[game_id]:
                 result = pool.step(0, action)
             assert result.info["won"], game_id
             if n in marks or n == 1:
@@ -131,20 +144,20 @@ def bench_rss(data: Path, game_ids: list[str], marks: tuple[int, ...]) -> None:
 
 
 # -- (d) -----------------------------------------------------------------------------------------
-def play_sequential(env: ALFWorldEnv, game_ids: list[str]) -> float:
+def play_sequential(env: ALFWorldEnv, plans: dict[str, list[str]]) -> float:
     began = time.perf_counter()
-    for game_id in game_ids:
-        _, info = env.reset(options={"game": game_id})
-        for action in info["walkthrough"]:
+    for game_id, walkthrough in plans.items():
+        env.reset(options={"game": game_id})
+        for action in walkthrough:
             env.step(action)
     return time.perf_counter() - began
 
 
-def play_pool(pool: EnvPool, game_ids: list[str]) -> float:
+def play_pool(pool: EnvPool, plans: dict[str, list[str]]) -> float:
     """Each slot takes the next game as soon as its episode is won: no slot waits for another."""
     began = time.perf_counter()
-    queue = deque(game_ids)
-    plans: dict[int, deque[str]] = {}  # the actions left in each slot's episode
+    queue = deque(plans)
+    left: dict[int, deque[str]] = {}  # the actions left in each slot's episode
     resetting = {slot for slot in range(pool.slots) if queue}
     pool.submit({slot: Reset(queue.popleft()) for slot in sorted(resetting)})
     while pool.in_flight:
@@ -154,9 +167,9 @@ def play_pool(pool: EnvPool, game_ids: list[str]) -> float:
                 raise result
             if slot in resetting:
                 resetting.discard(slot)
-                plans[slot] = deque(result.info["walkthrough"])
-            if plans[slot]:
-                calls[slot] = plans[slot].popleft()
+                left[slot] = deque(plans[str(result.info["game"])])
+            if left[slot]:
+                calls[slot] = left[slot].popleft()
             elif queue:
                 assert result.info["won"]
                 resetting.add(slot)
@@ -173,12 +186,14 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def bench_pool(data: Path, game_ids: list[str], workers: int, repeats: int) -> None:
+def bench_pool(data: Path, games: list[tuple[str, Path]], workers: int, repeats: int) -> None:
     """Also reports the CPU cores each side got (CPU seconds / wall seconds): on a shared
     machine with autogroup scheduling a session gets its share however many processes it runs,
     which caps the speedup below the number of workers."""
     spec = EnvSpec("alfworld", {"data_dir": data, "split": SPLIT})
     env = ALFWorldEnv(**spec.kwargs)
+    plans = walkthroughs(games)
+    game_ids = list(plans)
     seq, par, ratio, seq_cores, par_cores = [], [], [], [], []
     with EnvPool(spec, workers=workers, timeout_s=300) as pool:
         # warm up: the workers import TextWorld once; not part of either timing
@@ -188,14 +203,14 @@ def bench_pool(data: Path, game_ids: list[str], workers: int, repeats: int) -> N
 
         def sequential() -> float:
             cpu = os.times()
-            wall = play_sequential(env, game_ids)
+            wall = play_sequential(env, plans)
             now = os.times()
             seq_cores.append((now.user + now.system - cpu.user - cpu.system) / wall)
             return wall
 
         def pooled() -> float:
             cpu = sum(cpu_s(pid) for pid in pids)
-            wall = play_pool(pool, game_ids)
+            wall = play_pool(pool, plans)
             par_cores.append((sum(cpu_s(pid) for pid in pids) - cpu) / wall)
             return wall
 
@@ -242,9 +257,9 @@ def main() -> None:
     if "c" in args.only:
         n = min(args.games, len(games))
         marks = tuple(m for m in (10, 70, 140) if m < n) + (n,)
-        bench_rss(data, [g for g, _ in games[:n]], marks)
+        bench_rss(data, games[:n], marks)
     if "d" in args.only:
-        bench_pool(data, [g for g, _ in pick(args.pool_games)], args.workers, args.repeats)
+        bench_pool(data, pick(args.pool_games), args.workers, args.repeats)
     print(f"done; {load()}")
 
 

@@ -12,7 +12,6 @@ plays ``--real`` of them per type in the same run, so the two win rates sit side
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -43,9 +42,9 @@ def random_episode(env: Any, game_id: str, steps: int, seed: str) -> tuple[bool,
     return False, steps
 
 
-def walkthrough_wins(env: Any, game_id: str) -> bool:
-    _, info = env.reset(options={"game": game_id})
-    for command in info["walkthrough"]:
+def walkthrough_wins(env: Any, game_id: str, walkthrough: list[str]) -> bool:
+    env.reset(options={"game": game_id})
+    for command in walkthrough:
         _, _, _, _, info = env.step(command)
     return bool(info["won"])
 
@@ -54,7 +53,7 @@ def bench_type(
     task_type: str, root: str, per_type: int, seed: int, steps: int, split: str
 ) -> dict[str, Any]:
     from envs.alfgen.generator import GameMaker, write_game
-    from envs.alfworld_env import ALFWorldEnv
+    from envs.alfworld_env import ALFWorldEnv, game_walkthrough
 
     gen_s, gen_cpu, attempts, lengths, ids = [], [], [], [], []
     with GameMaker(split) as maker:
@@ -72,7 +71,9 @@ def bench_type(
             lengths.append(len(files.walkthrough))
             ids.append(files.game_id)
     env = ALFWorldEnv(data_dir=root, split=split, games=ids, max_steps=max(steps, 100))
-    walk = [walkthrough_wins(env, g) for g in ids]
+    # the stored walkthroughs, read from the written files (the env's replies never carry them)
+    stored = [game_walkthrough(Path(root) / g / "game.tw-pddl") or [] for g in ids]
+    walk = [walkthrough_wins(env, g, w) for g, w in zip(ids, stored, strict=True)]
     rand = [random_episode(env, g, steps, f"{seed}:{g}") for g in ids]
     env.close()
     return {
@@ -87,7 +88,7 @@ def bench_type(
 
 
 def bench_real(task_type: str, data: str, count: int, steps: int, seed: int) -> dict[str, Any]:
-    from envs.alfworld_env import ALFWorldEnv
+    from envs.alfworld_env import ALFWorldEnv, game_walkthrough
 
     env = ALFWorldEnv(
         data_dir=data, split=REAL_SPLIT, task_types=[task_type], max_steps=max(steps, 100)
@@ -100,9 +101,7 @@ def bench_real(task_type: str, data: str, count: int, steps: int, seed: int) -> 
     for g in picked:
         won, _ = random_episode(env, g, steps, f"{seed}:{g}")
         rand.append(won)
-        lengths.append(
-            len(json.loads((Path(data) / g / "game.tw-pddl").read_text())["walkthrough"])
-        )
+        lengths.append(len(game_walkthrough(Path(data) / g / "game.tw-pddl") or []))
     env.close()
     return {"task_type": task_type, "random": rand, "lengths": lengths}
 

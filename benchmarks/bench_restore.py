@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 from timing import median_time  # noqa: E402
 
 from envs.alfgen import generate  # noqa: E402
-from envs.alfworld_env import ALFWorldEnv  # noqa: E402
+from envs.alfworld_env import ALFWorldEnv, game_walkthrough  # noqa: E402
 
 SPLIT = "eval_out_of_distribution"
 
@@ -36,7 +36,7 @@ def main() -> None:
         env = ALFWorldEnv(tmp, SPLIT, max_steps=50)
         game = next(g for g in env.game_ids if "pick_two_obj" in g)
         _, info = env.reset(options={"game": game})
-        walkthrough = list(info["walkthrough"])
+        walkthrough = game_walkthrough(Path(info["game_file"])) or []
 
         def restore(depth: int) -> None:
             env.reset(options={"game": game})

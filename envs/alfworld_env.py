@@ -243,7 +243,8 @@ class ALFWorldEnv(gym.Env[str, str]):
     """ALFWorld household games: ``reset(options={"game": id})`` picks one explicitly.
 
     ``info`` carries ``admissible_commands``, ``won``, ``task``, ``task_type`` (short name: put,
-    clean, heat, cool, examine, puttwo), ``game``, ``max_steps``, ``walkthrough`` (if known).
+    clean, heat, cool, examine, puttwo), ``game``, ``game_file``, ``max_steps``, ``steps``; never
+    the walkthrough (ground truth: :func:`game_walkthrough` reads it from the game file).
 
     ``fast_text=False`` derives all text with TextWorld's own grammar code (same text, ~10-50x
     slower steps); ``reset_cache`` is how many games' translated problems the env keeps, so that a
@@ -287,7 +288,6 @@ class ALFWorldEnv(gym.Env[str, str]):
         self._engine: Any = None
         self._loaded: str | None = None
         self._game: GameRecord | None = None
-        self._walkthrough: list[str] | None = None
         self._task = ""
         self._steps = 0
         self._last_obs = ""
@@ -315,7 +315,6 @@ class ALFWorldEnv(gym.Env[str, str]):
                     f"game file {str(record.path)!r} could not be loaded ({exc.__class__.__name__}: {detail}): re-download or regenerate it"
                 ) from exc
             self._loaded = game_id
-            self._walkthrough = list(data["walkthrough"]) if data.get("walkthrough") else None
         state = self._engine.reset()
         self._game = record
         self._steps = 0
@@ -369,6 +368,4 @@ class ALFWorldEnv(gym.Env[str, str]):
             "max_steps": self.max_steps,
             "steps": self._steps,
         }
-        if self._walkthrough is not None:
-            info["walkthrough"] = list(self._walkthrough)
         return info

@@ -182,7 +182,8 @@ class TextWorldEnv(gym.Env[str, str]):
     ``game_dir``, or the file name for ``game_file``); without it the seed picks one. The reward is
     the score delta; ``terminated`` on won or lost; ``truncated`` only from ``max_steps``. ``info``
     carries ``admissible_commands``, ``won``, ``lost``, ``score``, ``max_score``, ``task`` (the
-    objective), ``task_type`` ("textworld"), ``game``, ``max_steps`` and ``walkthrough`` if known.
+    objective), ``task_type`` ("textworld"), ``game``, ``game_file``, ``max_steps`` and ``steps``;
+    never the walkthrough (ground truth: :func:`game_walkthrough` reads it from the game files).
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
@@ -214,7 +215,6 @@ class TextWorldEnv(gym.Env[str, str]):
         self._engine: Any = None
         self._loaded: str | None = None
         self._game: str | None = None
-        self._walkthrough: list[str] | None = None
         self._task = ""
         self._max_score = 0
         self._steps = 0
@@ -301,8 +301,6 @@ class TextWorldEnv(gym.Env[str, str]):
         game = self._engine._game
         self._task = printable(str(game.objective or "").strip())
         self._max_score = int(game.max_score or 0)
-        walkthrough = game.metadata.get("walkthrough")
-        self._walkthrough = [str(c) for c in walkthrough] if walkthrough else None
         self._loaded = game_id
 
     def _shutdown_interpreter(self) -> None:
@@ -342,6 +340,4 @@ class TextWorldEnv(gym.Env[str, str]):
             "max_steps": self.max_steps,
             "steps": self._steps,
         }
-        if self._walkthrough is not None:
-            info["walkthrough"] = list(self._walkthrough)
         return info

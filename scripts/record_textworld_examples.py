@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from envs.textworld_env import TextWorldEnv
+from envs.textworld_env import TextWorldEnv, game_walkthrough
 from envs.twgen import generate_textworld_games
 
 OUT = Path(__file__).resolve().parent.parent / "agents" / "prompts" / "examples" / "textworld.json"
@@ -101,13 +101,14 @@ def record(game_files: list[Path]) -> dict[str, list[dict[str, Any]]]:
     """Play each example's walkthrough with its thoughts; the transcripts in the file's format."""
     examples = []
     for spec, game_file in zip(EXAMPLES, game_files, strict=True):
-        env = TextWorldEnv(game_file=game_file)
-        obs, info = env.reset(seed=0)
-        if info.get("walkthrough") != spec.walkthrough:
+        walkthrough = game_walkthrough(game_file)
+        if walkthrough != spec.walkthrough:
             raise SystemExit(
-                f"{spec.describe()} now has walkthrough {info.get('walkthrough')}: "
+                f"{spec.describe()} now has walkthrough {walkthrough}: "
                 "update EXAMPLES (the thoughts refer to the old game)"
             )
+        env = TextWorldEnv(game_file=game_file)
+        obs, info = env.reset(seed=0)
         steps: list[dict[str, str]] = []
         won = False
         for i, action in enumerate(spec.walkthrough):

@@ -308,9 +308,8 @@ def test_memory_arms_carry_reflections_across_trials(
 
 
 def test_reports_compare_arms_at_equal_compute(tmp_path: Path) -> None:
-    from runfactory import baseline_tasks, make_run, standard_tasks
-
     from experiments.report import write_report
+    from tests.support.runfactory import baseline_tasks, make_run, standard_tasks
 
     a = make_run(tmp_path / "reflexion", standard_tasks())
     b = make_run(tmp_path / "react", baseline_tasks(), arm="react")

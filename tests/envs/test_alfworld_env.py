@@ -18,6 +18,8 @@ import envs  # noqa: F401  (registers reflexsim/ALFWorld-v0)
 from envs.alfworld_env import ALFWorldEnv
 from envs.discovery import SPLITS, TASK_TYPES, task_type_from_name
 from envs.errors import EnvError, GameFileError
+from envs.ground_truth import GameFileTruth
+from tests.support.walkthroughs import walkthrough_of
 
 SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "alfworld_data"
 SPLIT = "eval_in_distribution"
@@ -60,19 +62,23 @@ def make(data: Path, games: list[str], **kwargs: object) -> ALFWorldEnv:
 
 # -- 1. every stored walkthrough wins its game -----------------------------------------------
 def play_walkthroughs(data: Path, split: str, game_ids: list[str]) -> list[str]:
-    """Each game's stored walkthrough through one env: what went wrong, if anything."""
+    """Each game's stored walkthrough (read through the ground-truth port) through one env: what
+    went wrong, if anything. No reply of the env carries the walkthrough."""
     env = gym.make("reflexsim/ALFWorld-v0", data_dir=data, split=split, games=game_ids)
     failures = []
     for game_id in game_ids:
         obs, info = env.reset(options={"game": game_id})
-        walkthrough = info["walkthrough"]
-        assert walkthrough, game_id
+        walkthrough = walkthrough_of(info)
+        replies = [info]
         for i, action in enumerate(walkthrough):
             obs, reward, terminated, truncated, info = env.step(action)
+            replies.append(info)
             last = i == len(walkthrough) - 1
             if (reward == 1.0, terminated, info["won"]) != (last, last, last) or truncated:
                 failures.append(f"{game_id} step {i} {action!r}: {obs[:80]!r} r={reward}")
                 break
+        if any("walkthrough" in reply for reply in replies):
+            failures.append(f"{game_id}: a reply's info carries the walkthrough")
         # every text came from the fast path (tests/envs/test_fast_text.py: it is TextWorld's text)
         if env.unwrapped.text_stats()["fallbacks"]:  # type: ignore[attr-defined]
             failures.append(f"{game_id}: some text was left to TextWorld's grammar")
@@ -129,15 +135,28 @@ def test_reset_observation_and_info(data: Path, small_games: list[str]) -> None:
     assert info["max_steps"] == 50
     commands = info["admissible_commands"]
     assert commands and all(isinstance(c, str) for c in commands) and "look" in commands
-    walkthrough = info["walkthrough"]
-    assert walkthrough and all(isinstance(a, str) for a in walkthrough)
+    walkthrough = walkthrough_of(info)
+    assert all(isinstance(a, str) for a in walkthrough)
     assert walkthrough[0] in commands
+
+
+def test_no_reply_carries_the_walkthrough(data: Path, small_games: list[str]) -> None:
+    """The walkthrough is ground truth, read from the game file through the port: no reset or
+    step reply carries it, before or after the win."""
+    env = make(data, small_games)
+    for game_id in small_games[:2]:
+        _, info = env.reset(options={"game": game_id})
+        walkthrough = walkthrough_of(info)
+        replies = [info] + [env.step(a)[4] for a in [*walkthrough, "look"]]
+        assert replies[-2]["won"]
+        for reply in replies:
+            assert "walkthrough" not in reply and walkthrough not in reply.values()
 
 
 def test_reward_only_on_the_winning_step(data: Path, small_games: list[str]) -> None:
     env = make(data, small_games)
     _, info = env.reset(options={"game": small_games[1]})
-    walkthrough = info["walkthrough"]
+    walkthrough = walkthrough_of(info)
     actions = ["look", "dance wildly", *walkthrough]
     for i, action in enumerate(actions):
         obs, reward, terminated, truncated, info = env.step(action)
@@ -158,7 +177,8 @@ def test_truncated_only_at_max_steps(data: Path, small_games: list[str]) -> None
     flags = [env.step("look")[2:4] for _ in range(3)]
     assert flags == [(False, False), (False, False), (False, True)]
     # winning on the last allowed step is a win, not a truncation
-    walkthrough = json.loads((data / game_id / "game.tw-pddl").read_text())["walkthrough"]
+    truth = GameFileTruth("alfworld", {game_id: data / game_id / "game.tw-pddl"})
+    walkthrough = truth.walkthrough(game_id) or []
     env = make(data, small_games, max_steps=len(walkthrough))
     env.reset(options={"game": game_id})
     flags = [env.step(a)[2:4] for a in walkthrough]

@@ -31,6 +31,7 @@ from envs.alfgen.tasks import controls_for, sample_task, shortest_plan
 from envs.alfworld_env import ALFWorldEnv
 from envs.discovery import SPLITS, TASK_TYPES
 from envs.errors import EnvError
+from tests.support.walkthroughs import walkthrough_of
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 SHARED_DATA = ROOT.parent / "shared" / "alfworld_data"
@@ -92,7 +93,7 @@ def assert_walkthroughs_win(root: Path, split: str) -> None:
         obs, info = env.reset(options={"game": game_id})
         assert obs.startswith("You are in the middle of a room.")
         assert not info["won"]
-        for command in info["walkthrough"]:
+        for command in walkthrough_of(info):
             assert command in info["admissible_commands"], (game_id, command)
             obs, reward, terminated, truncated, info = env.step(command)
         assert info["won"] and terminated and reward == 1.0, game_id

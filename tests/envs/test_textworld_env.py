@@ -27,10 +27,12 @@ from envs.textworld_env import (
     NOT_AVAILABLE,
     TextWorldEnv,
     clean_text,
+    game_walkthrough,
     normalize_action,
     strip_banner,
 )
 from envs.twgen import challenge_settings, game_seeds, generate_textworld_games
+from tests.support.walkthroughs import walkthrough_of
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 EXAMPLES_FILE = ROOT / "agents" / "prompts" / "examples" / "textworld.json"
@@ -93,19 +95,26 @@ def test_check_env_passes(game_root: Path) -> None:
 
 
 def test_walkthrough_wins_every_game(env: TextWorldEnv) -> None:
+    """The walkthrough the generator keeps, read through the ground-truth port, wins; no reset or
+    step reply carries it."""
     assert len(env.game_ids) == 2
     for game_id in env.game_ids:
         obs, info = env.reset(options={"game": game_id})
         assert info["game"] == game_id and info["task_type"] == "textworld"
-        assert info["walkthrough"], "the generator keeps the walkthrough"
+        walkthrough = walkthrough_of(info)
         assert info["score"] == 0 and not info["won"] and not info["lost"]
         total = 0.0
-        for i, action in enumerate(info["walkthrough"]):
+        replies = [info]
+        for i, action in enumerate(walkthrough):
             assert action in info["admissible_commands"], action
             obs, reward, terminated, truncated, info = env.step(action)
+            replies.append(info)
             total += reward
             assert _printable(obs) and not truncated
-            assert terminated == (i == len(info["walkthrough"]) - 1)
+            assert terminated == (i == len(walkthrough) - 1)
+        replies.append(env.step("look")[4])  # past the end
+        for reply in replies:
+            assert "walkthrough" not in reply and walkthrough not in reply.values()
         assert info["won"] and not info["lost"]
         assert info["score"] == info["max_score"] == total > 0
         assert "*** The End ***" in obs and "RESTART" not in obs
@@ -128,7 +137,6 @@ def test_reset_observation_drops_banner_keeps_objective_and_room(env: TextWorldE
             "task_type",
             "game",
             "max_steps",
-            "walkthrough",
         }
 
 
@@ -152,7 +160,7 @@ def test_step_limit_truncates(game_root: Path) -> None:
 def test_losing_terminates_with_lost(env: TextWorldEnv) -> None:
     game_id = next(g for g in env.game_ids if g.startswith("tw-simple"))
     _, info = env.reset(options={"game": game_id})
-    *before, last = info["walkthrough"]  # ... take X, put X on stove
+    *before, last = walkthrough_of(info)  # ... take X, put X on stove
     for action in before:
         env.step(action)
     food = last.removeprefix("put ").removesuffix(" on stove")
@@ -162,7 +170,7 @@ def test_losing_terminates_with_lost(env: TextWorldEnv) -> None:
 
 def test_outcome_sticks_after_the_end(env: TextWorldEnv) -> None:
     _, info = env.reset(options={"game": env.game_ids[0]})
-    for action in info["walkthrough"]:
+    for action in walkthrough_of(info):
         env.step(action)
     obs, reward, terminated, _, info = env.step("look")
     assert (obs, reward, terminated, info["won"]) == (GAME_OVER, 0.0, True, True)
@@ -170,7 +178,7 @@ def test_outcome_sticks_after_the_end(env: TextWorldEnv) -> None:
 
 def test_interpreter_commands_are_refused_and_game_stays_intact(env: TextWorldEnv) -> None:
     _, info = env.reset(options={"game": env.game_ids[1]})
-    walkthrough = info["walkthrough"]
+    walkthrough = walkthrough_of(info)
     for action in ("restart", "QUIT", "save", "restore", "script", "tw-extra-infos score"):
         obs, reward, terminated, _, _ = env.step(action)
         assert (obs, reward, terminated) == (NOT_AVAILABLE, 0.0, False)
@@ -192,7 +200,7 @@ def test_one_engine_across_games(env: TextWorldEnv) -> None:
     for game_id in (second, first, second):
         obs, info = env.reset(options={"game": game_id})
         assert env._engine is engine and info["game"] == game_id
-    assert info["walkthrough"][0] in info["admissible_commands"]
+    assert walkthrough_of(info)[0] in info["admissible_commands"]
 
 
 def test_unknown_game_id(env: TextWorldEnv) -> None:
@@ -321,8 +329,7 @@ def test_same_seed_same_files(tmp_path: Path, game_root: Path, recorder: Any) ->
     assert again.read_bytes() == first.read_bytes()
     assert again.with_suffix(".json").read_bytes() == first.with_suffix(".json").read_bytes()
     assert not list(tmp_path.glob("*.ni"))
-    walkthrough = json.loads(again.with_suffix(".json").read_text())["metadata"]["walkthrough"]
-    assert walkthrough == spec.walkthrough
+    assert game_walkthrough(again) == spec.walkthrough
 
 
 def test_game_seeds_extend_and_differ() -> None:

@@ -190,9 +190,8 @@ def test_static_report_from_the_file_system(browser: Any, run_dir: Path, tmp_pat
 
 
 def test_served_viewer_follows_a_run_being_written(browser: Any, tmp_path: Path) -> None:
-    from runfactory import task
-
     from memory.records import Step
+    from tests.support.runfactory import task
 
     run = make_run(
         tmp_path / "live", [task("cool", 7, "running")], trials=1, wall_s=None, complete=False
@@ -226,7 +225,7 @@ def test_served_viewer_follows_a_run_being_written(browser: Any, tmp_path: Path)
 def test_static_report_of_two_runs_filters_by_arm(
     browser: Any, run_dir: Path, tmp_path: Path
 ) -> None:
-    from runfactory import baseline_tasks
+    from tests.support.runfactory import baseline_tasks
 
     react = make_run(tmp_path / "react", baseline_tasks(), arm="react")
     out = write_report([run_dir, react], tmp_path / "cmp")

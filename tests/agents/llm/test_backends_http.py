@@ -30,7 +30,13 @@ try:
         word_count,
     )
 except ImportError:  # tests/ run as a rootdir-less folder
-    from fault_server import FAULT_KINDS, FaultPlan, FaultServer, echo_answer, word_count
+    from tests.support.fault_server import (
+        FAULT_KINDS,
+        FaultPlan,
+        FaultServer,
+        echo_answer,
+        word_count,
+    )
 
 FAST = {
     "timeout": 1.0,
