@@ -22,9 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_envs import play_pool, play_sequential
+from bench_envs import play_pool, play_sequential, walkthroughs
 
 from envs.alfworld_env import ALFWorldEnv
+from envs.discovery import discover_games
 from envs.pool import EnvPool, EnvSpec, Reset
 from experiments.store import RunStore
 
@@ -63,9 +64,9 @@ def main() -> None:
     parser.add_argument("--games", type=int, default=140)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    env = ALFWorldEnv(data_dir=args.data, split=SPLIT)
-    games = env.game_ids[: args.games]
-    env.close()
+    records = discover_games(Path(args.data), SPLIT)[: args.games]
+    games = [r.game_id for r in records]
+    plans = walkthroughs([(r.game_id, r.path) for r in records])  # read before any timing
     n = len(games)
     spec = EnvSpec("alfworld", {"data_dir": args.data, "split": SPLIT})
     env = ALFWorldEnv(**spec.kwargs)
@@ -76,8 +77,8 @@ def main() -> None:
         pool.reset_many({slot: Reset(games[-1 - slot]) for slot in range(2)})
         env.reset(options={"game": games[-1]})
         for r in range(args.repeats):
-            seq.append(play_sequential(env, games))
-            pooled.append(play_pool(pool, games))
+            seq.append(play_sequential(env, plans))
+            pooled.append(play_pool(pool, plans))
             par.append(runner(args.data, n, workers=2, concurrency=4))
             one.append(runner(args.data, n, workers=1, concurrency=1))
             print(
