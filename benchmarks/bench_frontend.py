@@ -51,6 +51,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from timing import data_parser  # noqa: E402
+
 SPLIT = "eval_in_distribution"  # valid_seen
 PARTS = ("engine", "store", "prompt building", "scripted text")
 
@@ -215,14 +217,7 @@ def tokenizing_python() -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "--data",
-        type=Path,
-        default=Path(os.environ.get("ALFWORLD_DATA", ROOT.parent / "shared" / "alfworld_data")),
-    )
+    parser = data_parser(__doc__, ROOT)
     parser.add_argument("--games", type=int, default=140)
     parser.add_argument("--concurrency", type=int, default=128)
     parser.add_argument("--workers", type=int, default=2)

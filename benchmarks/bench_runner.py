@@ -13,7 +13,6 @@ Prints, in one run, as medians of repeats measured side by side:
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import subprocess
@@ -23,6 +22,7 @@ import time
 from pathlib import Path
 
 from bench_envs import play_pool, play_sequential, walkthroughs
+from timing import data_parser
 
 from envs.alfworld_env import ALFWorldEnv
 from envs.discovery import discover_games
@@ -53,14 +53,7 @@ def runner(data: Path, n: int, workers: int, concurrency: int) -> tuple[float, f
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "--data",
-        type=Path,
-        default=Path(os.environ.get("ALFWORLD_DATA", ROOT.parent / "shared" / "alfworld_data")),
-    )
+    parser = data_parser(__doc__, ROOT)
     parser.add_argument("--games", type=int, default=140)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()

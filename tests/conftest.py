@@ -17,12 +17,17 @@ def alfworld_data_dir() -> Path | None:
     return None
 
 
-@pytest.fixture(scope="session")
-def alfworld_data() -> Path:
+def require_alfworld_data() -> Path:
+    """The real ALFWorld games' root; the calling test is skipped without them."""
     path = alfworld_data_dir()
     if path is None:
         pytest.skip("real ALFWorld games not present (set $ALFWORLD_DATA)")
     return path
+
+
+@pytest.fixture(scope="session")
+def alfworld_data() -> Path:
+    return require_alfworld_data()
 
 
 @pytest.fixture(scope="session")

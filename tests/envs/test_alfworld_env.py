@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import os
 import shutil
 import warnings
 from concurrent.futures import ProcessPoolExecutor
@@ -19,20 +18,15 @@ from envs.alfworld_env import ALFWorldEnv
 from envs.discovery import SPLITS, TASK_TYPES, task_type_from_name
 from envs.errors import EnvError, GameFileError
 from envs.ground_truth import GameFileTruth
+from tests.conftest import require_alfworld_data
 from tests.support.walkthroughs import walkthrough_of
 
-SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "alfworld_data"
 SPLIT = "eval_in_distribution"
 # A full ALFWorld download has 3,553 train games: play an evenly spaced sample of them.
 MAX_TRAIN_GAMES = 200
 
 
-def data_root() -> Path:
-    value = os.environ.get("ALFWORLD_DATA")
-    for root in ([Path(value)] if value else []) + [SHARED_DATA]:
-        if (root / SPLITS[SPLIT]).is_dir():
-            return root
-    pytest.skip("no ALFWorld games: set $ALFWORLD_DATA to an ALFWorld data dir")
+data_root = require_alfworld_data  # the real games, or the test is skipped
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,8 @@ from envs.discovery import SPLITS
 from envs.errors import EnvError
 from envs.pool import EnvPool, EnvSpec, Reset, SyncEnvPool, WorkerCrashed
 from memory.records import EnvReply
+from tests.conftest import require_alfworld_data
 
-SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "alfworld_data"
 SPLIT = "eval_in_distribution"
 HEAVY = ("textworld", "alfworld", "fast_downward", "torch")
 
@@ -57,12 +57,7 @@ class SleepyEnv:
 SLEEPY = EnvSpec(f"{SleepyEnv.__module__}:SleepyEnv")
 
 
-def data_root() -> Path:
-    value = os.environ.get("ALFWORLD_DATA")
-    for root in ([Path(value)] if value else []) + [SHARED_DATA]:
-        if (root / SPLITS[SPLIT]).is_dir():
-            return root
-    pytest.skip("no ALFWorld games: set $ALFWORLD_DATA to an ALFWorld data dir")
+data_root = require_alfworld_data  # the real games, or the test is skipped
 
 
 @pytest.fixture(scope="module")
