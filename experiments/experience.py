@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from agents import arms
 from agents.experience import Attempt, Experience, ExperienceConfig, Provenance, Rule, digest
 from agents.insights import extract
 from agents.llm import make_backend
-from agents.prompting import transcript_pairs
+from agents.prompting import file_sha256, transcript_pairs
 from agents.retrieval import check_similarity
 from experiments.config import RunConfig
 from experiments.engine import ModelClient
@@ -87,8 +88,9 @@ def check_contamination(experience: Experience, split: str, games: dict[str, str
         )
 
 
-def for_run(cfg: RunConfig, split: str, games: dict[str, str]) -> Experience | None:
-    """The experience a run is shown, checked against its games; None when it uses none. An
+def for_run(cfg: RunConfig, split: str, games: Mapping[str, Path]) -> Experience | None:
+    """The experience a run is shown, checked against its games (id -> game file); None when it
+    uses none. An
     arm that needs experience without ``experience_from`` is a ConfigError. An arm that shows
     rules of a source not yet extracted extracts them first, with the run's reflector model
     (the ``extract`` phase of a gather, extract, evaluate preset)."""
@@ -103,7 +105,8 @@ def for_run(cfg: RunConfig, split: str, games: dict[str, str]) -> Experience | N
         return None
     try:
         experience = load(source, settings_of(cfg))
-        check_contamination(experience, split, games)
+        hashes = {g: file_sha256(p) for g, p in games.items()}
+        check_contamination(experience, split, hashes)
         if needs == "rules" and not has_rules(source):
             extract_rules(source, cfg.models.reflector, cfg.models.reflect_max_tokens)
             experience = load(source, settings_of(cfg))

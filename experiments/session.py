@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from agents.experience import Experience
-from agents.prompting import file_sha256
 from experiments.arming import (
     check_device_share,
     check_prompts_file,
@@ -155,13 +154,12 @@ class RunSession:
             check_serve(cfg)
         if cfg.cluster.address:
             import_ray()  # --ray without the extra is a one-line error, here as anywhere
-        check_prompts_file(cfg, self.games.tasks)
+        check_device_share(cfg)  # the config alone: before the games are looked for
         instruction(cfg)
         code_prompts(cfg)
-        check_device_share(cfg)
-        hashes = {g: file_sha256(p) for g, p in self.games.files.items()}
+        check_prompts_file(cfg, self.games.tasks)
         # other games' experience: a source that would leak into these games is refused here
-        self.experience = experience_for(cfg, cfg.gameset.split, hashes)
+        self.experience = experience_for(cfg, cfg.gameset.split, self.games.files)
         if not self.resume:
             self.lock.refuse_if_held("a run")
             refuse_existing(self.run_dir)

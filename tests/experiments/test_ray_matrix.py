@@ -233,7 +233,7 @@ def test_a_job_reserves_its_model_s_gpus_and_its_env_workers_cpus():
 
     # vLLM's own data parallelism behind the one served URL
     served = cfg(model="vllm:Qwen/Qwen2.5-7B-Instruct", serve=True, serve_data_parallel=4)
-    assert serve_template(served).endswith("--port {port} --data-parallel-size 4")
+    assert serve_template(served).endswith("--enable-prompt-tokens-details --data-parallel-size 4")
     plan = matrix.plan_job(served.replace(ray="10.0.0.1:6379"), needs_data=True)
     assert plan["serve"]["command"].endswith("--data-parallel-size 4")
     assert plan["ray"] == {"address": "10.0.0.1:6379", "reserves": "1 CPU, 4 GPU"}
