@@ -8,12 +8,19 @@ config section (:mod:`agents.options`), so its options are run flags and YAML ke
 
 from __future__ import annotations
 
-from agents import insights, lats, options, plan_execute, react, retrieval
+from agents import expel, insights, lats, options, plan_execute, react, retrieval
 from agents.arm import Arm
 from agents.evaluators import ACTOR_ENDS
 from memory.records import EndClass
 
-_MODULES = (react, plan_execute, lats, insights, retrieval)  # the order of the --agent choices
+_MODULES = (
+    react,
+    plan_execute,
+    lats,
+    insights,
+    retrieval,
+    expel,
+)  # the order of the --agent choices
 _ARMS: dict[str, Arm] = {}
 
 

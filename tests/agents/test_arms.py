@@ -223,6 +223,7 @@ def test_builtin_arms_keep_their_order_and_memory() -> None:
     reflecting = {n for n in arms.names() if arms.get(n).memory.reflects}
     assert reflecting == {
         "reflexion", "reflexion+explore", "plan+reflexion", "lats+reflexion", "insights", "retrieve",
+        "expel",
     }  # fmt: skip
     with pytest.raises(ValueError, match="already registered"):
         arms.register(arms.get("react"))

@@ -127,6 +127,26 @@ def test_rules_raise_trial0_success_to_the_share_of_ruled_types(
     ]  # fmt: skip
 
 
+def test_expel_shows_the_rules_and_the_retrieved_trajectories(
+    gathered: Path, generated_games: Path, tmp_path: Path
+) -> None:
+    """Both together (ExpeL's evaluation): each prompt of a gathered type starts with its type's
+    rule and shows a won trajectory of that type in place of the few-shot examples; the rules
+    raise trial-0 success as insights alone does."""
+    cfg = game_run(
+        generated_games, tmp_path, "expel", "expel", model="scripted:ruled", max_steps=10,
+        experience_from=str(gathered), experience_scope="type",
+    )  # fmt: skip
+    run(cfg)
+    assert trial0_success(tmp_path / "expel") == len(GATHER_TYPES) / len(ALL_TYPES)
+    won = [a for a in load(gathered).attempts if a.won]
+    for (_, task_type), prefix in prefixes(tmp_path / "expel").items():
+        ruled = prefix.startswith(RULES_MARKER) and f"For {task_type} tasks" in prefix
+        shown = {a.task_type for a in won if a.text() in prefix}
+        assert ruled == (task_type in GATHER_TYPES)
+        assert shown == ({task_type} & set(GATHER_TYPES))
+
+
 def test_scope_says_whose_rules_a_task_sees(gathered: Path) -> None:
     rules = load(gathered).rules
     for scope, heat_sees in (
