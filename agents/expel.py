@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from agents.arm import Arm
 from agents.experience import ExperienceConfig
-from agents.insights import rules_block
+from agents.insights import with_rules
 from agents.memory_policy import PastTrials, Recall, ReflexionWindow
 from agents.react import build_react
 from agents.reflexion import ReflexionSettings
-from agents.retrieval import retrieved
+from agents.retrieval import with_retrieved
 
 
 class RulesAndRetrieval(ReflexionWindow):
@@ -26,15 +26,7 @@ class RulesAndRetrieval(ReflexionWindow):
     def recall(
         self, settings: ReflexionSettings, past: PastTrials, task: str, trial: int
     ) -> Recall:
-        shown = super().recall(settings, past, task, trial)
-        experience, task_type = past.experience, past.task_type
-        if experience is None:
-            return shown
-        return Recall(
-            shown.reflections,
-            preamble=rules_block(experience.rules_for(task_type)),
-            examples_for=lambda observation: retrieved(experience, task_type, observation),
-        )
+        return with_retrieved(with_rules(super().recall(settings, past, task, trial), past), past)
 
 
 EXPEL = RulesAndRetrieval()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from agents.arm import Arm
 from agents.episode import ModelPort
@@ -203,11 +203,14 @@ class Insights(ReflexionWindow):
     def recall(
         self, settings: ReflexionSettings, past: PastTrials, task: str, trial: int
     ) -> Recall:
-        shown = super().recall(settings, past, task, trial)
-        experience = past.experience
-        if experience is None:
-            return shown
-        return Recall(shown.reflections, preamble=rules_block(experience.rules_for(past.task_type)))
+        return with_rules(super().recall(settings, past, task, trial), past)
+
+
+def with_rules(shown: Recall, past: PastTrials) -> Recall:
+    """``shown`` with the rules in scope of the run's experience above the prompt (if any)."""
+    if past.experience is None:
+        return shown
+    return replace(shown, preamble=rules_block(past.experience.rules_for(past.task_type)))
 
 
 INSIGHTS = Insights()

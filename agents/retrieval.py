@@ -20,6 +20,7 @@ import math
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from functools import cache
 from typing import Any
 
@@ -155,14 +156,18 @@ class Retrieve(ReflexionWindow):
     def recall(
         self, settings: ReflexionSettings, past: PastTrials, task: str, trial: int
     ) -> Recall:
-        shown = super().recall(settings, past, task, trial)
-        experience, task_type = past.experience, past.task_type
-        if experience is None:
-            return shown
-        return Recall(
-            shown.reflections,
-            examples_for=lambda observation: retrieved(experience, task_type, observation),
-        )
+        return with_retrieved(super().recall(settings, past, task, trial), past)
+
+
+def with_retrieved(shown: Recall, past: PastTrials) -> Recall:
+    """``shown`` with the run's most similar won trajectories in place of the few-shot examples
+    (if the run has experience)."""
+    experience, task_type = past.experience, past.task_type
+    if experience is None:
+        return shown
+    return replace(
+        shown, examples_for=lambda observation: retrieved(experience, task_type, observation)
+    )
 
 
 RETRIEVE = Retrieve()
