@@ -174,10 +174,12 @@ def run_jobs(
     save: Callable[[], None],
     deadline_of: Callable[[RunConfig], float | None],
     play: Play,
+    sources: Mapping[str, str],
 ) -> None:
     """Play a matrix's unfinished jobs as Ray tasks (see the module docstring), each with
     ``play`` on its node; ``results`` gets each job's record (as in ``matrix.json``), ``save``
-    writes them."""
+    writes them. A job that reads another job's run (``sources``) is submitted once that job
+    completes, and left pending when it ends otherwise."""
     address = str(jobs[0][1].cluster.address)
     with session(address) as ray:
         check_shared_storage(root, ray)
@@ -205,6 +207,7 @@ def run_jobs(
             log.info("matrix %s: job %s submitted to Ray (%s, attempt %d)", preset_name, name,
                      describe_resources(options[name]), record["attempt"])  # fmt: skip
 
+        held = set()  # jobs waiting for their source job to complete
         for name, cfg in jobs:
             record = results.setdefault(name, {})
             record.update(run_dir=str(cfg.execution.run_dir), model=cfg.models.model)
@@ -212,7 +215,13 @@ def run_jobs(
             # attempts are numbered across resumes of the matrix
             placed = [a.get("attempt", 0) for a in read_placement(Path(record["run_dir"]))]
             record["attempt"] = max([record.get("attempt", 0), *placed])
-            submit(name)
+            if name in sources and sources[name] in configs:
+                held.add(name)
+                record.update(status="pending", note=f"waits for job {sources[name]}")
+            elif name in sources and results[sources[name]].get("status") != "complete":
+                record.update(status="pending", note=waiting_note(sources[name], results))
+            else:
+                submit(name)
         save()
         try:
             while pending:
@@ -220,6 +229,7 @@ def run_jobs(
                 for ref in ready:
                     name = pending.pop(ref)
                     _finish(ray, ref, name, results[name], configs[name], submit, lost)
+                _release(held, sources, results, set(pending.values()), submit)
                 save()
         except BaseException:
             for ref, name in pending.items():
@@ -227,6 +237,37 @@ def run_jobs(
                 results[name].update(status="interrupted", finished_at=time.time())
             save()
             raise
+
+
+def waiting_note(source: str, results: Mapping[str, Mapping[str, Any]]) -> str:
+    """Why a job that reads the run of job ``source`` was not started."""
+    status = results.get(source, {}).get("status") or "not played"
+    return f"not started: job {source}, whose run it reads, is {status}"
+
+
+def _release(
+    held: set[str],
+    sources: Mapping[str, str],
+    results: dict[str, dict[str, Any]],
+    running: set[str],
+    submit: Callable[[str], None],
+) -> None:
+    """Submit the held jobs whose source job completed; leave pending those whose source ended
+    otherwise (and, in turn, the jobs that wait for them)."""
+    changed = True
+    while changed:
+        changed = False
+        for name in sorted(held):
+            source = sources[name]
+            if source in running or source in held:
+                continue
+            held.discard(name)
+            changed = True
+            if results[source].get("status") == "complete":
+                submit(name)
+                running.add(name)
+            else:
+                results[name]["note"] = waiting_note(source, results)
 
 
 def _finish(

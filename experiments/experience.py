@@ -8,12 +8,17 @@ contamination, and extract its rules.
   it was gathered on: an evaluation episode never sees its own game's episodes or any episode
   of the split it is evaluated on.
 - :func:`extract_rules` makes the rule list (:func:`agents.insights.extract`) and keeps it in the
-  gathering run's store with every call that made it.
+  gathering run's store with every call that made it, under the gathering run's lock, with the
+  digest of the attempts it was made from. A run that shows rules extracts them in its own
+  phase (:func:`with_current_rules`): after its checks and its own lock, with its reflector
+  model, only when the kept ones are missing or were made from other attempts (the source was
+  resumed since); runs that start together (a preset on Ray) wait for one extraction.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,6 +28,7 @@ from agents import arms
 from agents.experience import Attempt, Experience, ExperienceConfig, Provenance, Rule, digest
 from agents.insights import extract
 from agents.llm import make_backend
+from agents.llm.base import Backend
 from agents.prompting import file_sha256, transcript_pairs
 from agents.retrieval import check_similarity
 from experiments.config import RunConfig
@@ -33,6 +39,9 @@ from experiments.store import LOCK_NAME, RunReader, RunStore
 from memory.records import EpisodeStatus
 
 INSIGHTS_KEY = "insights"  # the store's meta key of the extracted rules and their calls
+EXTRACT_WAIT_S = 1800.0  # how long a run waits for another process extracting the same source
+
+log = logging.getLogger(__name__)
 
 
 def settings_of(cfg: RunConfig) -> ExperienceConfig:
@@ -90,10 +99,10 @@ def check_contamination(experience: Experience, split: str, games: dict[str, str
 
 def for_run(cfg: RunConfig, split: str, games: Mapping[str, Path]) -> Experience | None:
     """The experience a run is shown, checked against its games (id -> game file); None when it
-    uses none. An
-    arm that needs experience without ``experience_from`` is a ConfigError. An arm that shows
-    rules of a source not yet extracted extracts them first, with the run's reflector model
-    (the ``extract`` phase of a gather, extract, evaluate preset)."""
+    uses none. Reads only: an arm that needs experience without ``experience_from``, a source
+    that is not a finished run, or one that would leak into these games is a ConfigError. Rules
+    not yet extracted are made later, by :func:`with_current_rules` (the run's extract phase,
+    once it holds its lock)."""
     source = settings_of(cfg).experience_from
     needs = getattr(arms.get(cfg.protocol.agent).memory, "uses_experience", None)
     if source is None:
@@ -104,33 +113,97 @@ def for_run(cfg: RunConfig, split: str, games: Mapping[str, Path]) -> Experience
             )
         return None
     try:
+        _refuse_unfinished(source)
         experience = load(source, settings_of(cfg))
-        hashes = {g: file_sha256(p) for g, p in games.items()}
-        check_contamination(experience, split, hashes)
-        if needs == "rules" and not has_rules(source):
-            extract_rules(source, cfg.models.reflector, cfg.models.reflect_max_tokens)
-            experience = load(source, settings_of(cfg))
     except RunStoreError as exc:
         raise ConfigError(f"--experience-from: {exc}") from None
+    hashes = {g: file_sha256(p) for g, p in games.items()}
+    check_contamination(experience, split, hashes)
     check_similarity(experience.settings.similarity)
     return experience
 
 
-def has_rules(run_dir: str | Path) -> bool:
-    """Whether the rules of the run in ``run_dir`` were extracted (none may have been made)."""
+def _refuse_unfinished(run_dir: str | Path) -> None:
+    """A RunStoreError when the run in ``run_dir`` has not played all its tasks (a gathering
+    run still being written, stopped, or left with errors shows part of its experience)."""
     with RunReader(run_dir) as store:
-        return store.get_meta(INSIGHTS_KEY) is not None
+        state = store.run_state()
+    if not state.complete:
+        raise RunStoreError(
+            f"the gathering run {str(run_dir)!r} is {state.status.value} "
+            f"({state.finished} of {state.tasks} tasks finished): finish it first "
+            f"(reflexsim run --resume {run_dir})"
+        )
+
+
+def needs_rules(cfg: RunConfig) -> bool:
+    """Whether the run's arm shows the rules of its experience."""
+    return getattr(arms.get(cfg.protocol.agent).memory, "uses_experience", None) == "rules"
+
+
+def with_current_rules(
+    experience: Experience, backend: Backend, model: str, max_tokens: int
+) -> Experience:
+    """``experience`` with rules extracted from its attempts as they are now: kept ones when
+    they were made from the same attempts, else made now with ``backend`` (``model``: its spec,
+    recorded) and kept in the source's store. Another process extracting the same source is
+    waited for (its rules are then used)."""
+    source = experience.provenance.run
+    if _current(source) is None:
+        log.info("extracting the rules of %s with %s", source, model)
+        extract_with(source, backend, model, max_tokens, wait_s=EXTRACT_WAIT_S, keep_current=True)
+    return load(source, experience.settings)
+
+
+def _current(run_dir: str | Path) -> dict[str, Any] | None:
+    """The rules kept in the run's store when they were made from its attempts as they are
+    now; None when none were made, or the run changed after (it was resumed with more trials)."""
+    with RunReader(run_dir) as store:
+        kept = store.get_meta(INSIGHTS_KEY)
+    if kept is None or kept.get("source_digest") != source_digest(load(run_dir)):
+        return None
+    return dict(kept)
+
+
+def source_digest(experience: Experience) -> str:
+    """The digest of what rules are made from: the source's attempts alone."""
+    return digest(experience.attempts, ())
+
+
+def has_rules(run_dir: str | Path) -> bool:
+    """Whether the run in ``run_dir`` has rules extracted from its attempts as they are now
+    (none may have been made)."""
+    return _current(run_dir) is not None
 
 
 def extract_rules(run_dir: str | Path, model: str, max_tokens: int = 256) -> dict[str, Any]:
     """Extract the rules of the gathering run in ``run_dir`` with ``model`` (a model spec) and
     keep them, with every call, in its store (meta ``insights``); returns what was kept."""
-    experience = load(run_dir)
-    lock = DirLock(Path(run_dir), LOCK_NAME)
-    lock.acquire(what="a rule extraction")
-    backend = None
+    backend = make_backend(model)
     try:
-        backend = make_backend(model)
+        return extract_with(run_dir, backend, model, max_tokens)
+    finally:
+        backend.close()
+
+
+def extract_with(
+    run_dir: str | Path,
+    backend: Backend,
+    model: str,
+    max_tokens: int = 256,
+    wait_s: float = 0.0,
+    keep_current: bool = False,
+) -> dict[str, Any]:
+    """:func:`extract_rules` with a built ``backend`` (``model``: its spec). The source's lock is
+    held throughout (waiting up to ``wait_s`` for another holder); with ``keep_current``, rules
+    another process made from the same attempts meanwhile are kept and returned."""
+    lock = DirLock(Path(run_dir), LOCK_NAME)
+    lock.acquire(wait_s, what="a rule extraction")
+    try:
+        kept = _current(run_dir) if keep_current else None
+        if kept is not None:
+            return kept
+        experience = load(run_dir)
         client = ModelClient(backend, max_in_flight=1)
         try:
             rules, steps = asyncio.run(extract(client, experience.attempts, max_tokens=max_tokens))
@@ -138,7 +211,7 @@ def extract_rules(run_dir: str | Path, model: str, max_tokens: int = 256) -> dic
             client.close()
         kept = {
             "model": model,
-            "source_digest": experience.provenance.digest,
+            "source_digest": source_digest(experience),
             "made_at": time.time(),
             "rules": [r.to_json() for r in rules],
             "steps": [s.to_json() for s in steps],
@@ -148,10 +221,9 @@ def extract_rules(run_dir: str | Path, model: str, max_tokens: int = 256) -> dic
             store.set_meta(INSIGHTS_KEY, kept)
         finally:
             store.close()
+        log.info("made %d rules of %s with %s in %d calls", len(rules), run_dir, model, len(steps))
     finally:
         lock.release()
-        if backend is not None:
-            backend.close()
     return kept
 
 

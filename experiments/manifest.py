@@ -96,7 +96,7 @@ def manifest_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         was, now = old_cfg.get(key, defaults.get(key)), new_cfg.get(key, defaults.get(key))
         if was != now:
             diffs.append(f"{key}: {was!r} -> {now!r}")
-    for key in ("games", "prompt_templates", "prompts_file", "action_syntax"):
+    for key in ("games", "prompt_templates", "prompts_file", "action_syntax", "experience"):
         if old.get(key) != new.get(key):
             diffs.append(f"{key} changed")
     if old.get("prompt_files", {}) != new.get("prompt_files", {}):  # older manifests lack it

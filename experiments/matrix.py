@@ -54,7 +54,7 @@ from typing import Any
 
 from agents import arms
 from envs.discovery import SPLITS, TASK_TYPES, split_dir
-from experiments.cluster import run_jobs
+from experiments.cluster import run_jobs, waiting_note
 from experiments.config import (
     RunConfig,
     data_root,
@@ -231,8 +231,9 @@ def job_config(
             values.pop("backend_options", None)  # e.g. llama.cpp threads, for a scripted model
     values.update({k: v for k, v in flags.items() if k != "run_dir"})
     values["run_dir"] = str(run_dir / job.name)
-    if values.get("experience_from") in {j.name for j in preset.jobs}:  # an earlier job's run
-        values["experience_from"] = str(run_dir / values["experience_from"])
+    source = source_job(preset, values)
+    if source is not None:  # an earlier job's run
+        values["experience_from"] = str(run_dir / source)
     if values.get("serve") and "serve" not in flags and not _is_vllm(values.get("model")):
         values["serve"] = False  # e.g. --model scripted:expert on a served preset
     cfg = from_mapping(values, source=where)
@@ -244,6 +245,34 @@ def job_config(
         assert when is not None
         cfg = cfg.replace(deadline=datetime.fromtimestamp(when).isoformat(timespec="seconds"))
     return cfg
+
+
+def source_job(preset: Preset, values: Mapping[str, Any]) -> str | None:
+    """The preset's job whose run a job's resolved ``values`` read (``experience_from`` naming
+    it), or None."""
+    source = values.get("experience_from")
+    return str(source) if source in {j.name for j in preset.jobs} else None
+
+
+def job_sources(preset: Preset, flags: Mapping[str, Any]) -> dict[str, str]:
+    """Each job that reads another job's run -> that job; a ConfigError when the source does not
+    come before it (the jobs play in the preset's order, and on Ray a job waits for its
+    source)."""
+    where = f"preset {preset.name}"
+    order = [j.name for j in preset.jobs]
+    out: dict[str, str] = {}
+    for job in preset.jobs:
+        values = {**flatten(preset.base, where), **flatten(job.overrides, where), **flags}
+        source = source_job(preset, values)
+        if source is None:
+            continue
+        if order.index(source) >= order.index(job.name):
+            raise ConfigError(
+                f"{where}: job {job.name} reads the run of job {source}, which does not come "
+                f"before it: list {source} first"
+            )
+        out[job.name] = source
+    return out
 
 
 def _backend_kind(model: Any) -> str:
@@ -370,9 +399,11 @@ def plan_matrix(
     """The dry run of a matrix: each job's plan, and the totals."""
     root = run_dir or default_matrix_dir(preset)
     jobs = []
+    sources = job_sources(preset, flags)
     for job in preset.jobs:
         cfg = job_config(preset, job, flags, root)
-        jobs.append({"job": job.name, **plan_job(cfg, preset.needs_data)})
+        after = {"after": sources[job.name]} if job.name in sources else {}
+        jobs.append({"job": job.name, **after, **plan_job(cfg, preset.needs_data)})
     total = sum(sum(j["estimated_requests"].values()) for j in jobs)
     return {
         "preset": preset.name,
@@ -533,6 +564,7 @@ def _run_matrix(
     state["flags"] = public_values({k: v for k, v in dict(flags).items() if k != "run_dir"})
     start = time.time()
     configs = [(job, job_config(preset, job, flags, root, start)) for job in preset.jobs]
+    sources = job_sources(preset, flags)
     if preset.needs_data:
         if not all(data_root(cfg) or cfg.gameset.env != "alfworld" for _, cfg in configs):
             raise ConfigError(
@@ -564,9 +596,10 @@ def _run_matrix(
                 lambda: _write_state(root, state),
                 lambda cfg: parse_deadline(cfg.budget.deadline, start),
                 play,
+                sources,
             )
         else:
-            _run_jobs(preset, configs, root, state, results, _Servers(root), start, play)
+            _run_jobs(preset, configs, root, state, results, _Servers(root), start, play, sources)
     report = _report(root, preset, results, state)
     return MatrixResult(root, results, report)
 
@@ -634,8 +667,10 @@ def _run_jobs(
     servers: _Servers,
     start: float,
     play: Callable[..., dict[str, Any]],
+    sources: Mapping[str, str],
 ) -> None:
-    """Play the jobs one after another (``play``: :func:`play_job`, its ``force`` given)."""
+    """Play the jobs one after another (``play``: :func:`play_job`, its ``force`` given); a job
+    whose source job (``sources``) did not complete is left pending."""
     try:
         for job, cfg in configs:
             job_dir = run_dir_of(cfg)
@@ -648,6 +683,10 @@ def _run_jobs(
             deadline = parse_deadline(cfg.budget.deadline, start)
             if deadline is not None and time.time() >= deadline:
                 record.update(status="pending", note="deadline reached before it started")
+                continue
+            if job.name in sources and results[sources[job.name]].get("status") != "complete":
+                record.update(status="pending", note=waiting_note(sources[job.name], results))
+                _say(f"matrix {preset.name}: job {job.name} {record['note']}")
                 continue
             record.update(status="running", started_at=time.time())
             record.pop("error", None)

@@ -33,6 +33,7 @@ from experiments.arming import (
 from experiments.config import RunConfig, data_root
 from experiments.errors import RunStoreError
 from experiments.experience import for_run as experience_for
+from experiments.experience import needs_rules, with_current_rules
 from experiments.games import GameSet, select_games
 from experiments.lock import DirLock
 from experiments.manifest import build_manifest, manifest_differences, resumed_manifest
@@ -176,6 +177,7 @@ class RunSession:
                 self._open_recorded()
             cfg = self._serve(stack) if self.cfg.server.serve else self.cfg
             backends = stack.enter_context(closing(open_backends(cfg, self.games.ground_truth)))
+            self._extract(cfg, backends)
             plan = self._plan(cfg, backends)
             if self.store is None:
                 self._claim()
@@ -204,6 +206,16 @@ class RunSession:
                 f"the run in {str(self.run_dir)!r} has started {played} trials: "
                 f"resume with --trials {played} or more"
             )
+
+    def _extract(self, cfg: RunConfig, backends: Backends) -> None:
+        """The extract phase of a run that shows rules: once the run holds its lock, the rules
+        of its experience are made with its reflector, unless kept ones are current."""
+        if self.experience is None or not needs_rules(cfg):
+            return
+        self._claim()
+        self.experience = with_current_rules(
+            self.experience, backends.reflector, cfg.models.reflector, cfg.models.reflect_max_tokens
+        )
 
     def _plan(self, cfg: RunConfig, backends: Backends) -> Plan:
         """The resolved run, with its manifest: a resume's is the recorded one, refused when

@@ -251,7 +251,8 @@ def test_retrieved_trajectories_are_of_the_same_task_type_first(
     assert first_retrieved_types(gathered_all, tmp_path / "retrieve") == {t: t for t in ALL_TYPES}
 
 
-PHASE_JOBS = ["gather", "insights", "retrieve", "insights-reflexion", "react", "reflexion"]
+EXPERIENCE_JOBS = ["insights", "retrieve", "expel", "insights-reflexion", "expel-reflexion"]
+PHASE_JOBS = ["gather", *EXPERIENCE_JOBS, "react", "reflexion"]
 
 
 def test_the_phases_preset_dry_run_lists_its_jobs(
@@ -266,8 +267,9 @@ def test_the_phases_preset_dry_run_lists_its_jobs(
     jobs = {j["job"]: j for j in plan["jobs"]}
     assert list(jobs) == PHASE_JOBS
     assert jobs["gather"]["config"]["split"] == "train"
-    for name in ("insights", "retrieve", "insights-reflexion"):
+    for name in EXPERIENCE_JOBS:
         assert jobs[name]["config"]["experience_from"] == str(tmp_path / "gather")
+        assert jobs[name]["after"] == "gather"
         assert jobs[name]["config"]["split"] == "eval_out_of_distribution"
     assert {j["config"]["split"] for j in jobs.values()} == {"train", "eval_out_of_distribution"}
 

@@ -18,12 +18,14 @@ from typing import Any
 
 import pytest
 
+from envs.alfgen import generate
 from experiments import cluster as ray_cluster_module
 from experiments import matrix
 from experiments.cli import main
 from experiments.config import RunConfig
 from experiments.errors import ConfigError
 from experiments.store import RunStore
+from tests.experiments.test_experience_phases import write_preset as phases_preset
 from tests.experiments.test_runner import snapshot, steps_written
 from tests.support.raycluster import ray_cluster
 
@@ -125,6 +127,24 @@ def test_setups_that_cannot_work_are_one_line_errors(cluster, generated_games, t
 
     ray_cluster_module.check_shared_storage(shared, ray)  # every node of the cluster sees it
     assert sorted(p.name for p in shared.iterdir()) == [".storage-t1", ".storage-t2"]
+
+
+def test_a_job_that_reads_another_s_run_starts_once_it_completed(
+    cluster, generated_games, tmp_path
+):
+    """On Ray every job is submitted at once, but one that is shown another job's experience
+    is held until that job completed: it extracts the rules of a finished gathering run."""
+    train = tmp_path / "train"
+    generate(train, per_type=1, seed=3, split="train", task_types=["heat"])
+    path = phases_preset(tmp_path / "p.json", train, generated_games)
+    result = matrix.run_matrix(
+        matrix.load_preset(str(path)), {"ray": cluster.address}, tmp_path / "m"
+    )
+    jobs = result.jobs
+    assert {n: r["status"] for n, r in jobs.items()} == dict.fromkeys(jobs, "complete")
+    assert jobs["insights"]["started_at"] >= jobs["gather"]["finished_at"]
+    with RunStore(Path(jobs["gather"]["run_dir"]), readonly=True) as store:
+        assert [r["task_type"] for r in store.get_meta("insights")["rules"]] == ["heat"]
 
 
 # A stand-in `vllm serve` that listens on the address it is given (a replica on a node).
