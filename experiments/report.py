@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 from agents import arms
-from agents.llm.pricing import cost_usd
 from experiments.errors import RunStoreError
 from experiments.store import (
     CallTotals,
@@ -90,10 +89,6 @@ def _task_type_of(game: str) -> str:
         if long is not None:
             return TASK_TYPES[long]
     return "unknown"
-
-
-def _cost(model: str, tokens: Tokens) -> float:
-    return float(cost_usd(model, tokens.prompt, tokens.completion, tokens.cached_prompt))
 
 
 @dataclass(frozen=True)
@@ -271,7 +266,7 @@ def summarize(reader: RunReader) -> RunSummary:
         failure_classes=_failure_counts(failed_all, ends),
         tokens=tokens,
         tokens_by_purpose=reader.calls_by_purpose(),
-        cost_usd=_cost(model, tokens),
+        cost_usd=tokens.cost_usd(model),
         wall_s=_wall_s(reader, outcomes),
         errors=statuses.get(EpisodeStatus.ERROR.value, 0),
         episodes=statuses,

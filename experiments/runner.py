@@ -20,7 +20,6 @@ from agents.llm import make_backend
 from agents.llm.base import Backend
 from agents.llm.common import check_grounding
 from agents.llm.ground_truth import NO_GROUND_TRUTH, GroundTruth
-from agents.llm.pricing import cost_usd
 from envs.aio import AsyncEnvPool
 from envs.pool import EnvPool, EnvSpec
 from experiments.arming import (
@@ -55,10 +54,6 @@ def make_backends(cfg: RunConfig, truth: GroundTruth = NO_GROUND_TRUTH) -> tuple
         raise
 
 
-def run_cost(usage_prompt: int, usage_completion: int, cached: int, model: str) -> float:
-    return float(cost_usd(model, usage_prompt, usage_completion, cached))
-
-
 class Budget:
     """Stops the run cleanly on a token, cost or wall-clock budget (checked before each call)."""
 
@@ -73,7 +68,7 @@ class Budget:
         if self.cfg.budget_tokens is not None and usage.total >= self.cfg.budget_tokens:
             return f"token budget {self.cfg.budget_tokens} reached ({usage.total})"
         if self.cfg.budget_usd is not None:
-            cost = run_cost(usage.prompt, usage.completion, usage.cached_prompt, self.model)
+            cost = usage.cost_usd(self.model)
             if cost >= self.cfg.budget_usd:
                 return f"cost budget ${self.cfg.budget_usd} reached (${cost:.4f})"
         return None

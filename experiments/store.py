@@ -36,6 +36,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
+from agents.llm.pricing import cost_usd
 from experiments.errors import RunStoreError, StoreDamagedError, StoreFullError
 from experiments.lock import holder_alive
 from memory.records import (
@@ -388,6 +389,10 @@ class Tokens:
     @property
     def total(self) -> int:
         return self.prompt + self.completion
+
+    def cost_usd(self, model: str) -> float:
+        """What these tokens cost with ``model`` (a model spec; 0 for a local one)."""
+        return float(cost_usd(model, self.prompt, self.completion, self.cached_prompt))
 
 
 @dataclass(frozen=True)
