@@ -110,7 +110,8 @@ class TrialSummary:
 @dataclass(frozen=True)
 class TaskTypeCount:
     total: int = 0
-    solved: int = 0
+    solved: int = 0  # by the last trial
+    first: int = 0  # at trial 0
 
 
 @dataclass(frozen=True)
@@ -176,6 +177,7 @@ class RunSummary:
     started_at: Any
     compute: Compute
     escalation: EscalationSummary | None
+    experience: dict[str, Any] | None = None  # the gathering run it was shown (run, split, digest)
 
     def to_dict(self) -> dict[str, Any]:
         errors = [
@@ -241,7 +243,11 @@ def summarize(reader: RunReader) -> RunSummary:
     by_type: dict[str, TaskTypeCount] = {}
     for game, kind in sorted(task_types.items()):
         entry = by_type.get(kind, TaskTypeCount())
-        by_type[kind] = TaskTypeCount(entry.total + 1, entry.solved + (solved_at[game] is not None))
+        by_type[kind] = TaskTypeCount(
+            entry.total + 1,
+            entry.solved + (solved_at[game] is not None),
+            entry.first + (solved_at[game] == 0),
+        )
 
     failed_all = [o for o in outcomes if o.status is EpisodeStatus.DONE and not o.won]
     tokens = reader.token_totals()
@@ -276,6 +282,7 @@ def summarize(reader: RunReader) -> RunSummary:
         started_at=manifest.get("started_at"),
         compute=compute_curve(reader, outcomes, trials, total),
         escalation=_escalation(reader, set(solved_at)),
+        experience=manifest.get("experience"),
     )
 
 
@@ -665,6 +672,32 @@ def task_type_table(s: RunSummary) -> tuple[list[str], list[list[Any]]]:
     return header, rows
 
 
+def experience_table(
+    summaries: Sequence[RunSummary], labels: Sequence[str]
+) -> tuple[list[str], list[list[Any]]] | None:
+    """Success per task type of the runs shown experience of other games, beside the runs on the
+    same tasks without it: tasks solved at trial 0 / by the last trial, of the type's tasks.
+    None when no run was shown experience."""
+    shown = [s for s in summaries if s.experience]
+    if not shown:
+        return None
+    tasks = set(shown[0].solved_at_trial)
+    runs = [(s, label) for s, label in zip(summaries, labels, strict=True)
+            if set(s.solved_at_trial) == tasks]  # fmt: skip
+    header = ["task type", *(f"{label} ({s.arm}{', experience' if s.experience else ''})"
+                             for s, label in runs)]  # fmt: skip
+    kinds = sorted({k for s, _ in runs for k in s.by_task_type})
+    rows = [
+        [kind, *(_first_and_last(s.by_task_type.get(kind, TaskTypeCount())) for s, _ in runs)]
+        for kind in kinds
+    ]
+    return header, rows
+
+
+def _first_and_last(count: TaskTypeCount) -> str:
+    return f"{count.first} / {count.solved} of {count.total}"
+
+
 def calls_table(s: RunSummary) -> tuple[list[str], list[list[Any]]]:
     header = ["purpose", "calls", "prompt tokens", "cached", "completion tokens", "errors"]
     rows = [
@@ -787,6 +820,17 @@ def markdown_report(
             ]
         else:
             parts += ["No two runs played the same tasks: no paired test.", ""]
+        table = experience_table(summaries, labels)
+        if table is not None:
+            parts += [
+                "## Experience across tasks: success by task type",
+                "",
+                "The runs shown a gathering run's experience, beside the runs on the same tasks"
+                " without it: tasks solved at trial 0 / by the last trial, of the type's tasks.",
+                "",
+                _md_table(*table),
+                "",
+            ]
     for s, label in zip(summaries, labels, strict=True):
         t = s.tokens
         parts += [

@@ -16,6 +16,7 @@ from agents.llm.markers import RULES_MARKER
 from envs.alfgen import generate
 from experiments.cli import main
 from experiments.experience import extract_rules, load, summary
+from experiments.report import experience_table, summarize_run
 from experiments.session import run
 from experiments.store import RunReader
 from tests.support.gameruns import game_run
@@ -125,6 +126,13 @@ def test_rules_raise_trial0_success_to_the_share_of_ruled_types(
     assert [(g["task_type"], g["rules_after"]) for g in growth] == [
         ("clean", 1), ("heat", 2), ("put", 3),
     ]  # fmt: skip
+    # the report's table: with experience (insights) beside without (react), type by type
+    runs = [tmp_path / "insights", tmp_path / "react"]
+    table = experience_table([summarize_run(r) for r in runs], ["insights", "react"])
+    assert table is not None
+    assert {row[0]: row[1:] for row in table[1]} == {
+        t: ["1 / 1 of 1" if t in GATHER_TYPES else "0 / 0 of 1", "0 / 0 of 1"] for t in ALL_TYPES
+    }
 
 
 def test_expel_shows_the_rules_and_the_retrieved_trajectories(
