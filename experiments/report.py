@@ -110,8 +110,7 @@ class TrialSummary:
 @dataclass(frozen=True)
 class TaskTypeCount:
     total: int = 0
-    solved: int = 0  # by the last trial
-    first: int = 0  # at trial 0
+    solved: int = 0
 
 
 @dataclass(frozen=True)
@@ -163,7 +162,8 @@ class RunSummary:
     success_ci: tuple[float, float]
     solved_at_trial: dict[str, int | None]
     trials: tuple[TrialSummary, ...]
-    by_task_type: dict[str, TaskTypeCount]
+    by_task_type: dict[str, TaskTypeCount]  # solved: by the last trial
+    first_by_task_type: dict[str, int]  # of them, solved at trial 0
     failure_classes: dict[str, int]
     tokens: Tokens
     tokens_by_purpose: dict[str, CallTotals]
@@ -243,11 +243,10 @@ def summarize(reader: RunReader) -> RunSummary:
     by_type: dict[str, TaskTypeCount] = {}
     for game, kind in sorted(task_types.items()):
         entry = by_type.get(kind, TaskTypeCount())
-        by_type[kind] = TaskTypeCount(
-            entry.total + 1,
-            entry.solved + (solved_at[game] is not None),
-            entry.first + (solved_at[game] == 0),
-        )
+        by_type[kind] = TaskTypeCount(entry.total + 1, entry.solved + (solved_at[game] is not None))
+    first_by_type = {kind: 0 for kind in by_type}
+    for game, kind in task_types.items():
+        first_by_type[kind] += solved_at[game] == 0
 
     failed_all = [o for o in outcomes if o.status is EpisodeStatus.DONE and not o.won]
     tokens = reader.token_totals()
@@ -269,6 +268,7 @@ def summarize(reader: RunReader) -> RunSummary:
         solved_at_trial=solved_at,
         trials=tuple(trials),
         by_task_type=by_type,
+        first_by_task_type=first_by_type,
         failure_classes=_failure_counts(failed_all, ends),
         tokens=tokens,
         tokens_by_purpose=reader.calls_by_purpose(),
@@ -687,15 +687,13 @@ def experience_table(
     header = ["task type", *(f"{label} ({s.arm}{', experience' if s.experience else ''})"
                              for s, label in runs)]  # fmt: skip
     kinds = sorted({k for s, _ in runs for k in s.by_task_type})
-    rows = [
-        [kind, *(_first_and_last(s.by_task_type.get(kind, TaskTypeCount())) for s, _ in runs)]
-        for kind in kinds
-    ]
+    rows = [[kind, *(_first_and_last(s, kind) for s, _ in runs)] for kind in kinds]
     return header, rows
 
 
-def _first_and_last(count: TaskTypeCount) -> str:
-    return f"{count.first} / {count.solved} of {count.total}"
+def _first_and_last(s: RunSummary, kind: str) -> str:
+    count = s.by_task_type.get(kind, TaskTypeCount())
+    return f"{s.first_by_task_type.get(kind, 0)} / {count.solved} of {count.total}"
 
 
 def calls_table(s: RunSummary) -> tuple[list[str], list[list[Any]]]:
