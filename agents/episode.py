@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from agents.experience import Shown
 from agents.llm.base import Completion, Request
 from memory.records import EnvReply, Reflection, Step, env_actions
 
@@ -49,8 +50,11 @@ class EpisodeSpec:
     seed: int | None = 0  # the sampling seed of this episode's actor requests
     resume_steps: tuple[Step, ...] = ()
     resumed_observation: str | None = None  # the recorded first observation, when resumed
-    # the prefix from the first observation, when it depends on the task (set on first reset)
-    prefix_for: Callable[[str], str] | None = None
+    # the experience of other games the prefix shows (None: the run was given none)
+    experience: Shown | None = None
+    # the prefix and its experience from the first observation, when they depend on the task
+    # (set on first reset)
+    prefix_for: Callable[[str], tuple[str, Shown | None]] | None = None
 
     @property
     def resumed(self) -> bool:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from agents.llm.markers import TASK_LINE
 from agents.options import option
-from agents.prompting import render_transcript
+from agents.prompting import render_transcript, template
 
 SCOPES = ("type", "similar", "all")
 SIMILARITIES = ("lexical", "embedding")  # how trajectories are ranked
@@ -76,6 +77,43 @@ class Rule:
     @classmethod
     def from_json(cls, data: Mapping[str, object]) -> Rule:
         return cls(str(data["task_type"]), str(data["text"]), int(str(data["votes"])))
+
+
+def rules_block(rules: Sequence[Rule]) -> str:
+    """The rules at the top of an actor prompt ('' when none)."""
+    if not rules:
+        return ""
+    return template("rules_block").format(rules="\n".join(f"- {r.text}" for r in rules))
+
+
+@dataclass(frozen=True)
+class Retrieved:
+    """A won attempt shown in place of the few-shot examples, and how like the new task's its
+    task description scored (the similarity's own scale)."""
+
+    attempt: Attempt
+    score: float
+
+    def to_json(self) -> dict[str, object]:
+        a = self.attempt
+        score = self.score if math.isfinite(self.score) else None  # JSON has no NaN
+        return {"game": a.game, "trial": a.trial, "task_type": a.task_type, "score": score}
+
+
+@dataclass(frozen=True)
+class Shown:
+    """The experience of other games one episode's prompt shows: the rules above it and the
+    retrieved attempts in place of its few-shot examples (the prompt is made from this record,
+    and the run store keeps it with the episode)."""
+
+    rules: tuple[Rule, ...] = ()
+    retrieved: tuple[Retrieved, ...] = ()
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "rules": [r.to_json() for r in self.rules],
+            "retrieved": [r.to_json() for r in self.retrieved],
+        }
 
 
 @dataclass(frozen=True)

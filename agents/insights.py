@@ -104,13 +104,6 @@ def extraction_prompt(
     )
 
 
-def rules_block(rules: Sequence[Rule]) -> str:
-    """The rules at the top of an actor prompt ('' when none)."""
-    if not rules:
-        return ""
-    return template("rules_block").format(rules="\n".join(f"- {r.text}" for r in rules))
-
-
 @dataclass(frozen=True)
 class ExtractionStep:
     """One extraction call and what it did to the rule list."""
@@ -210,7 +203,7 @@ def with_rules(shown: Recall, past: PastTrials) -> Recall:
     """``shown`` with the rules in scope of the run's experience above the prompt (if any)."""
     if past.experience is None:
         return shown
-    return replace(shown, preamble=rules_block(past.experience.rules_for(past.task_type)))
+    return replace(shown, rules=past.experience.rules_for(past.task_type))
 
 
 INSIGHTS = Insights()

@@ -21,7 +21,7 @@ from typing import Protocol
 
 from agents import reflexion_code as code
 from agents.episode import ModelPort
-from agents.experience import Experience
+from agents.experience import Experience, Retrieved, Rule
 from agents.reflexion import (
     Reflected,
     ReflexionSettings,
@@ -39,10 +39,10 @@ class Recall:
 
     reflections: tuple[Reflection, ...] = ()
     facts: tuple[ExplorationFact, ...] = ()
-    preamble: str = ""  # shown at the top of the prompt (rules learned on other tasks)
-    # the transcripts shown in place of the few-shot examples, from the episode's first
-    # observation (its task), when they depend on it
-    examples_for: Callable[[str], tuple[str, ...]] | None = None
+    rules: tuple[Rule, ...] = ()  # shown at the top of the prompt (learned on other tasks)
+    # the won attempts of other tasks shown in place of the few-shot examples, from the
+    # episode's first observation (its task), when the policy retrieves them
+    retrieved_for: Callable[[str], tuple[Retrieved, ...]] | None = None
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from typing import Any
 
 from agents import reflexion_code as code
 from agents.episode import ModelPort
+from agents.experience import Shown, rules_block
 from agents.explore import extract_facts
 from agents.llm.base import CallSite, GenerationConfig, Request
 from agents.prompting import (
@@ -119,18 +120,19 @@ def prompt_prefix(
     task_type: str,
     reflections: Sequence[Reflection] = (),
     facts: Sequence[ExplorationFact] = (),
-    preamble: str = "",
-    examples: Sequence[str] = (),
+    experience: Shown = Shown(),
 ) -> str:
     """The actor's fixed prompt part: examples, then the memory shown (what the arm's memory
-    policy recalls: :mod:`agents.memory_policy`); ``preamble`` above it all and ``examples`` in
-    place of the packaged ones, when the policy recalls experience of other tasks."""
+    policy recalls: :mod:`agents.memory_policy`); the rules of ``experience`` above it all and
+    its retrieved attempts in place of the packaged examples, when the policy recalls experience
+    of other tasks."""
     if settings.code_protocol:
         body = code.actor_prefix(settings.code_files(), task_type, [r.text for r in reflections])
     else:
-        shots = examples or example_texts(task_type, settings.prompts)
+        retrieved = [r.attempt.text() for r in experience.retrieved]
+        shots = retrieved or example_texts(task_type, settings.prompts)
         body = actor_prefix(shots, reflections, facts, settings.instruction)
-    return preamble + body
+    return rules_block(experience.rules) + body
 
 
 def cap_text(text: str, max_chars: int | None) -> tuple[str, int | None]:

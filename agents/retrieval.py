@@ -3,7 +3,7 @@
 The ``retrieve`` arm is Reflexion whose few-shot examples are the ``retrieve_k`` won attempts
 of a gathering run (in scope, :func:`agents.experience.in_scope`) whose task descriptions are
 most like the new task's. The new task's description is its first observation, so the prompt is
-finished when the episode starts (:attr:`agents.memory_policy.Recall.examples_for`).
+finished when the episode starts (:attr:`agents.memory_policy.Recall.retrieved_for`).
 
 Similarity: ``lexical`` is Okapi BM25 over the descriptions' words (stop words left out, a few
 word forms folded: ``hot`` is ``heat``; rarity counted over whole first observations; no
@@ -25,7 +25,13 @@ from functools import cache
 from typing import Any
 
 from agents.arm import Arm
-from agents.experience import Attempt, Experience, ExperienceConfig, task_description
+from agents.experience import (
+    Attempt,
+    Experience,
+    ExperienceConfig,
+    Retrieved,
+    task_description,
+)
 from agents.llm.base import MissingDependencyError
 from agents.llm.markers import TASK_LINE
 from agents.memory_policy import PastTrials, Recall, ReflexionWindow
@@ -129,23 +135,23 @@ SIMILARITY: dict[str, Callable[[str, Sequence[Attempt]], list[float]]] = {
 
 def most_similar(
     task: str, attempts: Sequence[Attempt], k: int, similarity: str = "lexical"
-) -> list[Attempt]:
-    """The ``k`` attempts whose task descriptions are most like ``task``, best first."""
+) -> tuple[Retrieved, ...]:
+    """The ``k`` attempts whose task descriptions are most like ``task``, best first, with
+    their scores."""
     scores = SIMILARITY[similarity](task, attempts)
     order = sorted(range(len(attempts)), key=lambda i: -scores[i])
-    return [attempts[i] for i in order[:k]]
+    return tuple(Retrieved(attempts[i], scores[i]) for i in order[:k])
 
 
-def retrieved(experience: Experience, task_type: str, observation: str) -> tuple[str, ...]:
-    """The transcripts shown to a task of ``task_type`` that starts with ``observation``."""
+def retrieved(experience: Experience, task_type: str, observation: str) -> tuple[Retrieved, ...]:
+    """The won attempts shown to a task of ``task_type`` that starts with ``observation``."""
     s = experience.settings
-    chosen = most_similar(
+    return most_similar(
         task_description(observation),
         experience.successes_for(task_type),
         s.retrieve_k,
         s.similarity,
     )
-    return tuple(a.text() for a in chosen)
 
 
 class Retrieve(ReflexionWindow):
@@ -166,7 +172,7 @@ def with_retrieved(shown: Recall, past: PastTrials) -> Recall:
     if experience is None:
         return shown
     return replace(
-        shown, examples_for=lambda observation: retrieved(experience, task_type, observation)
+        shown, retrieved_for=lambda observation: retrieved(experience, task_type, observation)
     )
 
 

@@ -202,8 +202,8 @@ class _Context:
         store = self.engine.store
         if not self.started:
             if self.spec.prefix_for is not None:  # the prompt depends on the task: finish it
-                prefix = self.spec.prefix_for(outcome.observation)
-                self.spec = replace(self.spec, prefix=prefix, prefix_for=None)
+                prefix, shown = self.spec.prefix_for(outcome.observation)
+                self.spec = replace(self.spec, prefix=prefix, experience=shown, prefix_for=None)
             self._begin(outcome.observation, str(outcome.info.get("task", "")))
         elif self.spec.resumed and self.resets == 0:
             store.mark_resimulated(self.spec.episode_id)
@@ -234,6 +234,7 @@ class _Context:
             task=task,
             memory=spec.memory,
             seed=spec.seed,
+            experience=spec.experience.to_json() if spec.experience is not None else None,
         )
         self.started = True
 

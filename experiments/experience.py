@@ -18,6 +18,7 @@ contamination, and extract its rules.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Mapping
@@ -35,7 +36,7 @@ from experiments.config import RunConfig
 from experiments.engine import ModelClient
 from experiments.errors import ConfigError, RunStoreError
 from experiments.lock import DirLock
-from experiments.store import LOCK_NAME, RunReader, RunStore
+from experiments.store import LOCK_NAME, EpisodeRow, RunReader, RunStore
 from memory.records import EpisodeStatus
 
 INSIGHTS_KEY = "insights"  # the store's meta key of the extracted rules and their calls
@@ -241,9 +242,27 @@ def _success_by_type(run_dir: str | Path) -> dict[str, dict[str, float]]:
     return out
 
 
+def shown(episode: EpisodeRow) -> dict[str, list[dict[str, Any]]]:
+    """The experience the episode's prompt showed, as recorded when it was made: ``rules``
+    (task_type, text, votes) and ``retrieved`` (game, trial, task_type, score); both empty for
+    an episode that recorded none (an arm without experience, or a store older than the
+    record). Items that are not objects are left out."""
+    try:
+        record = json.loads(episode.experience_json or "{}")
+    except ValueError:
+        record = {}
+    if not isinstance(record, dict):
+        record = {}
+    return {
+        key: [item for item in record.get(key) or [] if isinstance(item, dict)]
+        for key in ("rules", "retrieved")
+    }
+
+
 def summary(run_dir: str | Path, baseline: str | Path | None = None) -> dict[str, Any]:
     """What experience did in a run: the rule list's growth per extraction step (a gathering
-    run), the rules and retrieved games each episode was shown (a run that used experience),
+    run), the rules and retrieved games each episode was shown (a run that used experience; as
+    each episode recorded them, so the source run need not exist any more),
     and success per task type, beside ``baseline``'s (a run on the same games without it)."""
     with RunReader(run_dir) as store:
         manifest = store.get_meta("manifest") or {}
@@ -258,18 +277,9 @@ def summary(run_dir: str | Path, baseline: str | Path | None = None) -> dict[str
         ]  # fmt: skip
     used = manifest.get("experience")
     if used is not None:
-        source = load(used["run"])
         out["experience"] = used
         out["episodes"] = [
-            {
-                "episode": e.episode_id,
-                "task_type": e.task_type,
-                "won": e.won,
-                "rules": [r.text for r in source.rules if f"- {r.text}\n" in e.prompt_prefix],
-                "retrieved": [
-                    a.game for a in source.attempts if a.won and a.text() in e.prompt_prefix
-                ],
-            }
+            {"episode": e.episode_id, "task_type": e.task_type, "won": e.won, **shown(e)}
             for e in episodes
         ]
     out["success_by_type"] = _success_by_type(run_dir)

@@ -7,7 +7,9 @@ with enum statuses and kinds; reports, export, replay and the viewer read only t
 
 Tables added without a version step (``_TABLES_ADDED``: search trees, reflection notes,
 escalations) are created by every writer that opens a store, so a version-2 store made before
-them gains them on its next write; a reader of a store that lacks them sees them empty.
+them gains them on its next write; a reader of a store that lacks them sees them empty. Nullable
+columns added the same way (``_COLUMNS_ADDED``: the experience each episode was shown) are added
+by every writer; a reader of a store without them reads NULL.
 
 Schema versions: a store records its version in ``meta``. Opening a version-1 store for writing
 migrates it in place (``model_calls`` created and backfilled from steps and reflections; a
@@ -260,6 +262,13 @@ _TABLES_ADDED = (
 _ADDED_NAMES = ("search_nodes", "search_iterations", "search_ends", "reflection_notes",
                 "escalations", "task_ends", "episode_errors")  # fmt: skip
 
+# Nullable columns added to version 2 without a version step: (table, column, declaration); every
+# writer adds those missing, a reader of an older store reads NULL.
+_COLUMNS_ADDED = (
+    # the experience of other games shown in the episode's prompt (agents.experience.Shown)
+    ("episodes", "experience_json", "TEXT"),
+)
+
 _NODE_COLUMNS = tuple(f.name for f in dataclasses.fields(SearchNode))
 _ITERATION_COLUMNS = tuple(f.name for f in dataclasses.fields(SearchIteration))
 
@@ -337,6 +346,9 @@ class EpisodeRow(Outcome):
     attempts: int
     resimulated: int
     seed: int | None = None  # the actor's sampling seed (None in stores older than v2)
+    # the experience of other games its prompt showed (JSON; None: the run was given none, or
+    # the store is older than the column)
+    experience_json: str | None = None
 
 
 @dataclass(frozen=True)
@@ -1182,6 +1194,10 @@ class RunStore(RunReader):
                 _MIGRATIONS[version](self._conn)
         for statement in _TABLES_ADDED:
             self._conn.execute(statement)
+        for table, column, declaration in _COLUMNS_ADDED:
+            present = {r[1] for r in self._conn.execute(f"PRAGMA table_info({table})")}
+            if column not in present:
+                self._conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
         self._conn.execute(
             "INSERT INTO meta(key, value) VALUES ('schema_version', ?)"
             " ON CONFLICT(key) DO UPDATE SET value=excluded.value",
@@ -1220,14 +1236,18 @@ class RunStore(RunReader):
         task: str,
         memory: Sequence[Reflection],
         seed: int | None = None,
+        experience: Mapping[str, Any] | None = None,
     ) -> None:
+        """``experience``: the experience of other games the prompt shows (None: none given)."""
         self._conn.execute(
             "INSERT INTO episodes(episode_id, game, task_type, trial, arm, status, prompt_prefix,"
-            " observation, task, memory_json, started_at, seed) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            " observation, task, memory_json, started_at, seed, experience_json)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 episode_id, game, task_type, trial, arm, EpisodeStatus.RUNNING.value,
                 prompt_prefix, observation, task, json.dumps([r.to_dict() for r in memory]),
                 time.time(), seed,
+                json.dumps(experience, sort_keys=True) if experience is not None else None,
             ),
         )  # fmt: skip
 

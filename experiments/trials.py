@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from agents import reflexion
 from agents import reflexion_code as code
 from agents.episode import Agent, EpisodeSpec, episode_seed
-from agents.experience import Experience
+from agents.experience import Experience, Retrieved, Shown
 from agents.llm.base import BackendError, Completion, ModelRestarted, Request
 from agents.memory_policy import NO_MEMORY, Failed, MemoryPolicy
 from agents.reflexion import ReflexionSettings
@@ -236,20 +236,25 @@ class TrialLoop:
     def _new(self, task: Task, trial: int, escalate: Escalation | None = None) -> EpisodeSpec:
         settings = self.plan.reflexion
         shown = self.plan.memory.recall(settings, _Past(self, task), task.game, trial)
+        given = self.plan.experience is not None  # a run given none records none
 
-        def prefix(examples: Sequence[str] = ()) -> str:
-            return reflexion.prompt_prefix(
-                settings, task.task_type, shown.reflections, shown.facts, shown.preamble, examples
+        def prompt(retrieved: tuple[Retrieved, ...] = ()) -> tuple[str, Shown | None]:
+            experience = Shown(shown.rules, retrieved)
+            text = reflexion.prompt_prefix(
+                settings, task.task_type, shown.reflections, shown.facts, experience
             )
+            return text, experience if given else None
 
-        examples_for = shown.examples_for
+        retrieved_for = shown.retrieved_for
+        prefix, experience = prompt()
         return EpisodeSpec(
             episode_id=escalation_id(task.game) if escalate else episode_id(task.game, trial),
             game=task.game,
             task_type=task.task_type,
             trial=trial,
-            prefix=prefix(),
-            prefix_for=(lambda obs: prefix(examples_for(obs))) if examples_for else None,
+            prefix=prefix,
+            experience=experience,
+            prefix_for=(lambda obs: prompt(retrieved_for(obs))) if retrieved_for else None,
             memory=shown.reflections,
             seed=episode_seed(settings.seed or 0, task.game, trial),
         )

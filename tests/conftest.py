@@ -1,11 +1,16 @@
-"""Shared fixtures: real ALFWorld games (skipped when absent) and generated games (always)."""
+"""Shared fixtures: real ALFWorld games (skipped when absent), generated games (always), and a
+headless Chromium for the viewer (skipped without it)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from tests.support.browser import launch
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "alfworld_data"
 
@@ -38,3 +43,10 @@ def generated_games(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("generated")
     generate(root, per_type=1, seed=7, split="eval_out_of_distribution")
     return root
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A headless Chromium context (tests.support.browser), one per test module."""
+    with launch(tmp_path_factory.mktemp("chromium-profile")) as context:
+        yield context

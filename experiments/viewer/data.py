@@ -11,6 +11,7 @@ from agents import arms
 from agents.parsing import was_mapped
 from agents.prompting import transcript_action
 from agents.react import prompt_at
+from experiments.experience import INSIGHTS_KEY, shown, summary
 from experiments.store import EpisodeRow, Outcome, RunReader, StepCounts
 from memory.records import EndClass, SearchTree, Step, StepKind, classify_end
 
@@ -61,7 +62,18 @@ def run_index(
         "summary": summary.to_dict() if summary is not None else None,
         "trials": [{"trial": t.trial, "tasks": list(t.tasks)} for t in reader.trial_rows()],
         "episodes": episodes,
+        "experience": run_experience(reader, manifest),
     }
+
+
+def run_experience(reader: RunReader, manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """A gathering run's rule growth per extraction step, and a run shown experience: its
+    source and success per task type (:func:`experiments.experience.summary`, without the
+    episodes); None for a run that is neither."""
+    if reader.get_meta(INSIGHTS_KEY) is None and manifest.get("experience") is None:
+        return None
+    seen = summary(reader.run_dir)
+    return {k: seen[k] for k in ("rule_growth", "experience", "success_by_type") if k in seen}
 
 
 def _failure_class(o: Outcome, ends: tuple[EndClass, ...]) -> str | None:
@@ -88,7 +100,8 @@ def prompt_memory(episode: EpisodeRow) -> list[dict[str, Any]]:
 
 
 def episode_detail(reader: RunReader, episode: EpisodeRow, steps: Sequence[Step]) -> dict[str, Any]:
-    """One episode step by step, with the reflections its prompt showed and the one it led to."""
+    """One episode step by step, with the reflections and the experience of other games its
+    prompt showed (None: it recorded none), and the reflection it led to."""
     after = [r for r in reader.reflections(episode.game) if r.trial == episode.trial]
     return {
         "id": episode.episode_id,
@@ -114,6 +127,7 @@ def episode_detail(reader: RunReader, episode: EpisodeRow, steps: Sequence[Step]
         "started_at": episode.started_at,
         "finished_at": episode.finished_at,
         "memory": prompt_memory(episode),
+        "experience": shown(episode) if episode.experience_json is not None else None,
         "reflection": (
             {"trial": after[0].trial, "text": after[0].text, "model": after[0].model}
             if after

@@ -200,6 +200,50 @@
       h("div", null, h("h3", { text: "Failure classes" }), failures),
     );
   }
+  function listText(items) {
+    return Array.isArray(items) ? items.map(String).join(", ") : "";
+  }
+  function runExperience(run) {
+    // A gathering run's rule list per extraction step; a run shown experience: its source and
+    // success per task type. Rule operations and ignored lines are model output (text only).
+    const x = run.experience;
+    if (!x) return null;
+    const parts = [];
+    if (Array.isArray(x.rule_growth)) {
+      parts.push(
+        h("h3", { text: "Rules extracted (growth per step)" }),
+        table(
+          ["step", "task type", "games", "applied", "ignored", "rules after"],
+          x.rule_growth.map((g) => [
+            String(g.step), String(g.task_type), listText(g.games),
+            h("span", { class: "model-text", text: listText(g.applied) }),
+            h("span", { class: "model-text", text: listText(g.ignored) }),
+            String(g.rules_after),
+          ]),
+          "rule-growth",
+        ),
+      );
+    }
+    if (x.experience) {
+      const e = x.experience;
+      parts.push(
+        h("h3", { text: "Experience used" }),
+        h("p", { testid: "experience-source" },
+          h("span", { class: "tag", text: "from " + e.run }),
+          h("span", { class: "tag", text: "split " + e.split }),
+          h("span", { class: "tag", title: String(e.digest), text: "digest " + String(e.digest).slice(0, 12) })),
+        table(
+          ["task type", "games", "success trial 0", "success final"],
+          Object.keys(x.success_by_type || {}).sort().map((k) => {
+            const v = x.success_by_type[k];
+            return [k, String(v.games), pct(v.trial0), pct(v.final)];
+          }),
+          "experience-success",
+        ),
+      );
+    }
+    return parts.length ? h("section", { class: "experience", testid: "run-experience" }, parts) : null;
+  }
   function comparisonTable(rows) {
     const money = (x) => (x === null || x === undefined ? "–" : "$" + Number(x).toFixed(4));
     const num = (x) => (x === null || x === undefined ? "–" : String(Math.round(x)));
@@ -340,7 +384,7 @@
     put(root, 
       h("h1", { text: "reflexsim replay" }),
       state.data.comparison ? comparisonTable(state.data.comparison) : null,
-      state.data.runs.map((run) => h("section", { class: "run" }, runHeader(run), summaryTables(run))),
+      state.data.runs.map((run) => h("section", { class: "run" }, runHeader(run), summaryTables(run), runExperience(run))),
       plots(),
       taskList(),
     );
@@ -382,6 +426,33 @@
       memory.length
         ? h("ol", null, memory.map((r) => h("li", null, h("span", { class: "trial-tag", text: `trial ${r.trial}` }), h("div", { class: "model-text", text: r.text }))))
         : h("p", { class: "muted", text: "(none)" }),
+    );
+  }
+  function experienceShown(x) {
+    // What the episode's prompt was shown of other games, as recorded when it was made; a rule's
+    // text is model output (text only).
+    if (!x) return null;
+    const rules = Array.isArray(x.rules) ? x.rules : [];
+    const retrieved = Array.isArray(x.retrieved) ? x.retrieved : [];
+    const score = (v) => (typeof v === "number" ? v.toFixed(3) : "–");
+    return h(
+      "section",
+      { class: "memory experience", testid: "experience-shown" },
+      h("h3", { text: "Experience shown" }),
+      h("h4", { text: `Rules (${rules.length})` }),
+      rules.length
+        ? h("ol", { testid: "shown-rules" }, rules.map((r) => h("li", { testid: "shown-rule" },
+            h("span", { class: "trial-tag", text: `${r.task_type} · ${r.votes} vote(s)` }),
+            h("div", { class: "model-text", text: r.text }))))
+        : h("p", { class: "muted", text: "(none)" }),
+      h("h4", { text: `Retrieved trajectories (${retrieved.length})` }),
+      retrieved.length
+        ? table(
+            ["game", "trial", "task type", "score"],
+            retrieved.map((r) => [String(r.game), String(r.trial), String(r.task_type), score(r.score)]),
+            "shown-retrieved",
+          )
+        : h("p", { class: "muted", text: "(none: the packaged examples)" }),
     );
   }
   function field(label, value, testid) {
@@ -542,6 +613,7 @@
         ),
         attemptErrors(detail.attempt_errors),
         memoryList(detail.memory, "Reflections in this episode's prompt", "memory"),
+        experienceShown(detail.experience),
         detail.reflection
           ? h("section", { class: "memory", testid: "reflection-after" }, h("h3", { text: "Reflection written after this trial" }), h("div", { class: "model-text", text: detail.reflection.text }))
           : null,

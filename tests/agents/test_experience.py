@@ -7,19 +7,23 @@ import json
 import shutil
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from agents.experience import Attempt, ExperienceConfig, Rule
+from agents.experience import Attempt, ExperienceConfig, Rule, rules_block
 from agents.insights import apply_ops, parse_ops
 from agents.llm.markers import RULES_MARKER
 from envs.alfgen import generate
 from experiments.cli import main
-from experiments.experience import extract_rules, load, summary
-from experiments.report import experience_table, summarize_run
+from experiments.experience import INSIGHTS_KEY, extract_rules, load, shown, summary
+from experiments.report import experience_table, summarize_run, write_report
 from experiments.session import run
-from experiments.store import RunReader
+from experiments.store import EpisodeRow, RunReader, RunStore
+from experiments.viewer import serve
+from tests.support.browser import Page, launch
 from tests.support.gameruns import game_run
+from tests.support.runfactory import PAYLOAD
 
 GATHER_TYPES = ["put", "clean", "heat"]  # the types the gathering run plays; the others not
 ALL_TYPES = ("put", "clean", "heat", "cool", "examine", "puttwo")
@@ -50,6 +54,27 @@ def gathered(train_games: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
 def prefixes(run_dir: Path) -> dict[tuple[str, str], str]:
     with RunReader(run_dir) as store:
         return {(e.game, e.task_type): e.prompt_prefix for e in store.episodes()}
+
+
+def recorded(run_dir: Path) -> list[tuple[EpisodeRow, dict[str, Any]]]:
+    """Each episode with the experience it recorded as shown (rules, retrieved)."""
+    with RunReader(run_dir) as store:
+        return [(e, shown(e)) for e in store.episodes()]
+
+
+def check_record_is_the_prompt(row: EpisodeRow, seen: dict[str, Any], won: list[Attempt]) -> None:
+    """The recorded rules are the prompt's rule block, exactly; the recorded retrieved attempts
+    are won attempts of the source whose transcripts the prompt shows, in the recorded order, and
+    no other won attempt's is shown."""
+    rules = tuple(Rule.from_json(r) for r in seen["rules"])
+    assert row.prompt_prefix.startswith(rules_block(rules))
+    assert rules or not row.prompt_prefix.startswith(RULES_MARKER)
+    by_id = {(a.game, a.trial): a for a in won}
+    attempts = [by_id[(r["game"], r["trial"])] for r in seen["retrieved"]]
+    assert [r["task_type"] for r in seen["retrieved"]] == [a.task_type for a in attempts]
+    at = [row.prompt_prefix.find(a.text()) for a in attempts]
+    assert all(i >= 0 for i in at) and at == sorted(at)
+    assert not [a for a in won if a not in attempts and a.text() in row.prompt_prefix]
 
 
 def trial0_success(run_dir: Path) -> float:
@@ -98,6 +123,12 @@ def test_rules_raise_trial0_success_to_the_share_of_ruled_types(
     base = game_run(generated_games, tmp_path, "react", "react", **steps)
     run(base)
     assert trial0_success(tmp_path / "react") == 0.0
+    # a run given no experience records none
+    assert [seen for _, seen in recorded(tmp_path / "react")] == [
+        {"rules": [], "retrieved": []}
+    ] * len(ALL_TYPES)
+    with RunReader(tmp_path / "react") as store:
+        assert {e.experience_json for e in store.episodes()} == {None}
     cfg = game_run(
         generated_games, tmp_path, "insights", "insights", **steps,
         experience_from=str(gathered), experience_scope="type",
@@ -108,6 +139,11 @@ def test_rules_raise_trial0_success_to_the_share_of_ruled_types(
         block = prefix.split("\n\n", 1)[0] if prefix.startswith(RULES_MARKER) else ""
         shown = {t for t in ALL_TYPES if f"For {t} tasks" in block}
         assert shown == ({task_type} & set(GATHER_TYPES))  # its own type's rule, if it got one
+    won = [a for a in load(gathered).attempts if a.won]
+    for row, seen in recorded(tmp_path / "insights"):
+        check_record_is_the_prompt(row, seen, won)
+        assert {r["task_type"] for r in seen["rules"]} == {row.task_type} & set(GATHER_TYPES)
+        assert seen["retrieved"] == []  # insights shows no trajectories
     with RunReader(tmp_path / "insights") as store:
         manifest = store.get_meta("manifest")
     assert manifest["experience"] == {
@@ -135,24 +171,129 @@ def test_rules_raise_trial0_success_to_the_share_of_ruled_types(
     }
 
 
-def test_expel_shows_the_rules_and_the_retrieved_trajectories(
-    gathered: Path, generated_games: Path, tmp_path: Path
-) -> None:
+# a rule whose text is untrusted model output carrying script payloads (a heat rule: the ruled
+# policy still finds its type's rule)
+PAYLOAD_RULE = Rule("heat", f"For heat tasks, mind {PAYLOAD}", 1)
+
+
+@pytest.fixture(scope="module")
+def expel_run(
+    gathered: Path, generated_games: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """expel with the ruled policy, shown (scope type) a copy of the gathered run (``source``
+    beside it) whose rules gained :data:`PAYLOAD_RULE`."""
+    tmp = tmp_path_factory.mktemp("expel")
+    shutil.copytree(gathered, tmp / "source")
+    store = RunStore(tmp / "source")
+    try:
+        kept = store.get_meta(INSIGHTS_KEY)
+        store.set_meta(INSIGHTS_KEY, {**kept, "rules": [*kept["rules"], PAYLOAD_RULE.to_json()]})
+    finally:
+        store.close()
+    cfg = game_run(
+        generated_games, tmp, "expel", "expel", model="scripted:ruled", max_steps=10,
+        experience_from=str(tmp / "source"), experience_scope="type",
+    )  # fmt: skip
+    run(cfg)
+    return tmp / "expel"
+
+
+def test_expel_shows_the_rules_and_the_retrieved_trajectories(expel_run: Path) -> None:
     """Both together (ExpeL's evaluation): each prompt of a gathered type starts with its type's
     rule and shows a won trajectory of that type in place of the few-shot examples; the rules
     raise trial-0 success as insights alone does."""
-    cfg = game_run(
-        generated_games, tmp_path, "expel", "expel", model="scripted:ruled", max_steps=10,
-        experience_from=str(gathered), experience_scope="type",
-    )  # fmt: skip
-    run(cfg)
-    assert trial0_success(tmp_path / "expel") == len(GATHER_TYPES) / len(ALL_TYPES)
-    won = [a for a in load(gathered).attempts if a.won]
-    for (_, task_type), prefix in prefixes(tmp_path / "expel").items():
+    assert trial0_success(expel_run) == len(GATHER_TYPES) / len(ALL_TYPES)
+    won = [a for a in load(expel_run.parent / "source").attempts if a.won]
+    for (_, task_type), prefix in prefixes(expel_run).items():
         ruled = prefix.startswith(RULES_MARKER) and f"For {task_type} tasks" in prefix
         shown = {a.task_type for a in won if a.text() in prefix}
         assert ruled == (task_type in GATHER_TYPES)
         assert shown == ({task_type} & set(GATHER_TYPES))
+
+
+def test_each_expel_episode_records_the_experience_its_prompt_showed(
+    expel_run: Path, tmp_path: Path
+) -> None:
+    """The record is the prompt's: its rules are the rule block (scope type: the episode's own
+    type's rules, never another's), its retrieved attempts are won attempts of the source of the
+    same type, best first, with a score. The summary reads the record, so it needs no source."""
+    source = load(expel_run.parent / "source")
+    won = [a for a in source.attempts if a.won]
+    records = recorded(expel_run)
+    assert len(records) == len(ALL_TYPES)
+    for row, seen in records:
+        check_record_is_the_prompt(row, seen, won)
+        assert [Rule.from_json(r) for r in seen["rules"]] == list(source.rules_for(row.task_type))
+        assert {r["task_type"] for r in seen["rules"]} <= {row.task_type}
+        types = [r["task_type"] for r in seen["retrieved"]]
+        assert types[:1] == ([row.task_type] if row.task_type in GATHER_TYPES else [])
+        assert all(isinstance(r["score"], float) for r in seen["retrieved"])
+    heat = next(seen for row, seen in records if row.task_type == "heat")
+    assert PAYLOAD_RULE.to_json() in heat["rules"]
+
+    moved = tmp_path / "moved"
+    shutil.move(expel_run.parent / "source", moved)
+    try:
+        episodes = summary(expel_run)["episodes"]
+    finally:
+        shutil.move(moved, expel_run.parent / "source")
+    assert [{"rules": e["rules"], "retrieved": e["retrieved"]} for e in episodes] == [
+        seen for _, seen in records
+    ]
+
+
+@pytest.mark.browser
+def test_the_viewer_shows_the_experience_an_expel_episode_was_shown(
+    expel_run: Path, tmp_path: Path
+) -> None:
+    """Served and in the static report: the heat episode's rules (with type and votes; the
+    payload rule as literal text, nothing run) and its retrieved game; the run view names the
+    source and success per type; the static report of the source shows its rule growth. (Its
+    own browser, closed at its end: this module's later runs need the thread's event loop.)"""
+    with launch(tmp_path / "chromium-profile") as browser:
+        check_the_viewer(browser, expel_run, tmp_path)
+
+
+def check_the_viewer(browser: Any, expel_run: Path, tmp_path: Path) -> None:
+    ((row, seen),) = [(r, x) for r, x in recorded(expel_run) if r.task_type == "heat"]
+    fragment = "#/episode/{run}/" + row.episode_id.replace("/", "%2F").replace("#", "%23")
+    report = write_report([expel_run.parent / "source", expel_run], tmp_path / "report")
+    with serve(expel_run) as srv:
+        for url, run_id in ((srv.url, 0), ((report / "index.html").resolve().as_uri(), 1)):
+            p = Page(browser)
+            page = p.page
+            page.goto(url)
+            page.wait_for_selector("#app[data-ready='1']")
+            source = page.locator("[data-testid=experience-source]")
+            assert str(expel_run.parent / "source") in source.text_content()
+            success = page.locator("[data-testid=experience-success] tbody tr")
+            assert success.count() == len(ALL_TYPES)
+            page.goto(url + fragment.format(run=run_id))
+            panel = page.locator("[data-testid=experience-shown]")
+            panel.wait_for()
+            rules = panel.locator("[data-testid=shown-rule]")
+            assert rules.count() == len(seen["rules"]) == 2
+            texts = [rules.nth(i).locator(".model-text").text_content() for i in range(2)]
+            assert texts == [r["text"] for r in seen["rules"]]
+            assert PAYLOAD_RULE.text in texts and rules.nth(1).is_visible()
+            assert rules.first.locator(".trial-tag").text_content() == "heat · 1 vote(s)"
+            cells = panel.locator("[data-testid=shown-retrieved] tbody tr td")
+            (retrieved,) = seen["retrieved"]
+            assert [cells.nth(i).text_content() for i in range(3)] == [
+                retrieved["game"], str(retrieved["trial"]), "heat",
+            ]  # fmt: skip
+            assert page.evaluate("typeof window.__pwned") == "undefined"
+            assert page.locator("img[src=x]").count() == 0
+            assert p.errors == []
+            page.close()
+    p = Page(browser)
+    p.page.goto((report / "index.html").resolve().as_uri())
+    p.page.wait_for_selector("#app[data-ready='1']")
+    growth = p.page.locator("[data-testid=rule-growth] tbody tr")
+    assert growth.count() == len(GATHER_TYPES)
+    assert growth.last.locator("td").last.text_content() == str(len(GATHER_TYPES))
+    assert p.errors == []
+    p.page.close()
 
 
 def test_scope_says_whose_rules_a_task_sees(gathered: Path) -> None:

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import socket
+import sqlite3
 import subprocess
 import sys
 import urllib.request
@@ -21,9 +22,9 @@ from agents.prompting import actor_prompt
 from experiments.errors import ConfigError, RunStoreError
 from experiments.replay import replay
 from experiments.report import write_report
-from experiments.store import RunStore, episode_id
+from experiments.store import DB_NAME, RunStore, episode_id, open_reader
 from experiments.viewer import serve
-from experiments.viewer.data import step_prompt
+from experiments.viewer.data import load_episode, run_index, step_prompt
 from experiments.viewer.page import json_for_script
 from memory.records import Step
 from tests.support.runfactory import PAYLOAD, episode_steps, game_id, make_run, standard_tasks, task
@@ -192,6 +193,40 @@ def test_works_on_a_run_that_is_still_being_written(tmp_path: Path) -> None:
         assert index["runs"][0]["episodes"][0]["won"] and index["runs"][0]["status"]["complete"]
         assert index["runs"][0]["summary"]["solved"] == 1
     writer.close()
+
+
+def test_a_store_from_before_the_experience_record_still_reads(tmp_path: Path) -> None:
+    """A store without the episodes' experience column (made before it) opens read-only
+    untouched, its episodes record no experience and the viewer's data loads; a writer adds the
+    column, and an episode written then records what it was shown."""
+    run = make_run(tmp_path / "old", [task("cool", 7, "won")], trials=1)
+    conn = sqlite3.connect(run / DB_NAME, isolation_level=None)
+    try:
+        conn.execute("ALTER TABLE episodes DROP COLUMN experience_json")
+    finally:
+        conn.close()
+    before = hashlib.sha256((run / DB_NAME).read_bytes()).hexdigest()
+    eid = episode_id(game_id("cool", 7), 0)
+    with open_reader(run) as reader:
+        assert [e.experience_json for e in reader.episodes()] == [None]
+        assert run_index(reader, 0, "old", None)["experience"] is None
+        detail = load_episode(reader, eid)
+    assert detail is not None and detail["experience"] is None and len(detail["steps"]) == 5
+    assert hashlib.sha256((run / DB_NAME).read_bytes()).hexdigest() == before
+
+    shown = {"rules": [{"task_type": "cool", "text": "use the fridge", "votes": 2}]}
+    writer = RunStore(run)
+    try:
+        writer.start_episode(
+            episode_id="new", game="g", task_type="cool", trial=0, arm="insights",
+            prompt_prefix="", observation="", task="", memory=(), experience=shown,
+        )  # fmt: skip
+    finally:
+        writer.close()
+    with open_reader(run) as reader:
+        assert reader.episode(eid).experience_json is None
+        detail = load_episode(reader, "new")
+    assert detail is not None and detail["experience"] == {**shown, "retrieved": []}
 
 
 def test_serve_errors_are_one_line(tmp_path: Path, run_dir: Path) -> None:

@@ -7,8 +7,6 @@ as text and runs nothing. Needs Debian's chromium and the playwright package
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,55 +16,15 @@ from experiments.report import write_report
 from experiments.store import RunStore, episode_id
 from experiments.viewer import serve
 from experiments.viewer.data import step_prompt
+from tests.support.browser import Page
 from tests.support.runfactory import PAYLOAD, game_id, make_run, standard_tasks
 
 pytestmark = pytest.mark.browser
-
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-TIMEOUT_MS = 10_000
-
-
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright not installed")
-    if not Path(CHROMIUM).is_file():
-        pytest.skip("chromium not installed (scripts/install_browser.sh)")
-    profile = tmp_path_factory.mktemp("chromium-profile")  # a fresh user-data dir
-    with sync_api.sync_playwright() as p:
-        context = p.chromium.launch_persistent_context(
-            str(profile), executable_path=CHROMIUM, headless=True, args=ARGS
-        )
-        context.set_default_timeout(TIMEOUT_MS)
-        yield context
-        context.close()
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_run(tmp_path_factory.mktemp("runs") / "run", standard_tasks())
-
-
-class _Page:
-    """A page that records script errors and console errors (CSP violations included)."""
-
-    def __init__(self, context: Any) -> None:
-        self.page = context.new_page()
-        self.errors: list[str] = []
-        self.page.on("pageerror", lambda exc: self.errors.append(f"pageerror: {exc}"))
-        self.page.on(
-            "console",
-            lambda msg: self.errors.append(f"console: {msg.text}") if msg.type == "error" else None,
-        )
 
 
 def expected_prompt(run: Path, game: str, trial: int, step: int) -> str:
@@ -79,7 +37,7 @@ def expected_prompt(run: Path, game: str, trial: int, step: int) -> str:
         store.close()
 
 
-def click_through(p: _Page, url: str, run: Path) -> None:
+def click_through(p: Page, url: str, run: Path) -> None:
     page = p.page
     page.goto(url)
     page.wait_for_selector("#app[data-ready='1']")
@@ -167,14 +125,14 @@ def click_through(p: _Page, url: str, run: Path) -> None:
 def test_served_viewer(browser: Any, run_dir: Path) -> None:
     with serve(run_dir) as srv:
         assert srv.url.startswith("http://127.0.0.1:")
-        p = _Page(browser)
+        p = Page(browser)
         click_through(p, srv.url, run_dir)
         p.page.close()
 
 
 def test_static_report_from_the_file_system(browser: Any, run_dir: Path, tmp_path: Path) -> None:
     out = write_report([run_dir], tmp_path / "report")
-    p = _Page(browser)
+    p = Page(browser)
     url = (out / "index.html").resolve().as_uri()
     click_through(p, url, run_dir)
     page = p.page
@@ -200,7 +158,7 @@ def test_served_viewer_follows_a_run_being_written(browser: Any, tmp_path: Path)
     writer = RunStore(run)
     try:
         with serve(run) as srv:
-            p = _Page(browser)
+            p = Page(browser)
             page = p.page
             page.goto(srv.url + "#/episode/0/" + eid.replace("/", "%2F").replace("#", "%23"))
             page.wait_for_selector("[data-testid=episode]")
@@ -229,7 +187,7 @@ def test_static_report_of_two_runs_filters_by_arm(
 
     react = make_run(tmp_path / "react", baseline_tasks(), arm="react")
     out = write_report([run_dir, react], tmp_path / "cmp")
-    p = _Page(browser)
+    p = Page(browser)
     page = p.page
     page.goto((out / "index.html").resolve().as_uri())
     page.wait_for_selector("#app[data-ready='1']")

@@ -3,8 +3,6 @@ Chromium (served and static); model text in node labels is shown as text and run
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,25 +17,7 @@ from tests.support.runfactory import PAYLOAD, game_id, make_run, standard_tasks
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
 EPISODE = episode_id(game_id("clean", 2), 1)
-
-
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright not installed")
-    if not Path(CHROMIUM).is_file():
-        pytest.skip("chromium not installed (scripts/install_browser.sh)")
-    profile = tmp_path_factory.mktemp("chromium-profile")
-    with sync_api.sync_playwright() as p:
-        context = p.chromium.launch_persistent_context(
-            str(profile), executable_path=CHROMIUM, headless=True, args=ARGS
-        )
-        context.set_default_timeout(10_000)
-        yield context
-        context.close()
 
 
 def node(i: int, parent: int | None, action: str, obs: str | None, **kw: Any) -> SearchNode:
