@@ -21,6 +21,7 @@ from agents.prompting import render_transcript, template
 
 SCOPES = ("type", "similar", "all")
 SIMILARITIES = ("lexical", "embedding")  # how trajectories are ranked
+RETRIEVE_MODES = ("replace", "join")  # retrieved trajectories instead of, or before, the examples
 # task-type families for the ``similar`` scope: placing, changing the object's state, looking
 FAMILIES = (
     frozenset({"put", "puttwo"}),
@@ -108,11 +109,13 @@ class Shown:
 
     rules: tuple[Rule, ...] = ()
     retrieved: tuple[Retrieved, ...] = ()
+    join: bool = False  # the packaged examples follow the retrieved attempts (retrieve_mode join)
 
     def to_json(self) -> dict[str, object]:
         return {
             "rules": [r.to_json() for r in self.rules],
             "retrieved": [r.to_json() for r in self.retrieved],
+            "examples": "join" if self.join else "replace",
         }
 
 
@@ -145,6 +148,12 @@ class ExperienceConfig:
     )
     retrieve_k: int = option(
         2, "successful trajectories shown in place of the few-shot examples (retrieve)", minimum=1
+    )
+    retrieve_mode: str = option(
+        "replace",
+        "the retrieved trajectories replace the packaged few-shot examples (replace) or come "
+        "before them (join)",
+        choices=RETRIEVE_MODES,
     )
     similarity: str = option(
         "lexical",

@@ -124,13 +124,14 @@ def prompt_prefix(
 ) -> str:
     """The actor's fixed prompt part: examples, then the memory shown (what the arm's memory
     policy recalls: :mod:`agents.memory_policy`); the rules of ``experience`` above it all and
-    its retrieved attempts in place of the packaged examples, when the policy recalls experience
-    of other tasks."""
+    its retrieved attempts in place of the packaged examples (or before them: ``join``), when the
+    policy recalls experience of other tasks."""
     if settings.code_protocol:
         body = code.actor_prefix(settings.code_files(), task_type, [r.text for r in reflections])
     else:
-        retrieved = [r.attempt.text() for r in experience.retrieved]
-        shots = retrieved or example_texts(task_type, settings.prompts)
+        shots = [r.attempt.text() for r in experience.retrieved]
+        if not shots or experience.join:  # the packaged examples, after any retrieved
+            shots += example_texts(task_type, settings.prompts)
         body = actor_prefix(shots, reflections, facts, settings.instruction)
     return rules_block(experience.rules) + body
 

@@ -236,14 +236,15 @@ class TrialLoop:
     def _new(self, task: Task, trial: int, escalate: Escalation | None = None) -> EpisodeSpec:
         settings = self.plan.reflexion
         shown = self.plan.memory.recall(settings, _Past(self, task), task.game, trial)
-        given = self.plan.experience is not None  # a run given none records none
+        given = self.plan.experience  # a run given none records none
+        join = given is not None and given.settings.retrieve_mode == "join"
 
         def prompt(retrieved: tuple[Retrieved, ...] = ()) -> tuple[str, Shown | None]:
-            experience = Shown(shown.rules, retrieved)
+            experience = Shown(shown.rules, retrieved, join)
             text = reflexion.prompt_prefix(
                 settings, task.task_type, shown.reflections, shown.facts, experience
             )
-            return text, experience if given else None
+            return text, experience if given is not None else None
 
         retrieved_for = shown.retrieved_for
         prefix, experience = prompt()

@@ -11,9 +11,11 @@ from typing import Any
 
 import pytest
 
-from agents.experience import Attempt, ExperienceConfig, Rule, rules_block
+from agents.experience import Attempt, ExperienceConfig, Retrieved, Rule, Shown, rules_block
 from agents.insights import apply_ops, parse_ops
 from agents.llm.markers import RULES_MARKER
+from agents.prompting import example_texts
+from agents.reflexion import ReflexionSettings, prompt_prefix
 from envs.alfgen import generate
 from experiments.cli import main
 from experiments.experience import INSIGHTS_KEY, extract_rules, load, shown, summary
@@ -398,6 +400,32 @@ def test_retrieved_trajectories_are_of_the_same_task_type_first(
     )  # fmt: skip
     run(cfg)
     assert first_retrieved_types(gathered_all, tmp_path / "retrieve") == {t: t for t in ALL_TYPES}
+
+
+def test_joined_retrieval_shows_the_packaged_examples_after_the_retrieved(
+    gathered: Path, generated_games: Path, tmp_path: Path
+) -> None:
+    """retrieve_mode join: the retrieved won trajectories come first, then the task type's two
+    packaged examples; replace (the default) shows the retrieved alone."""
+    settings = ReflexionSettings(memory_size=3, reflect_model="scripted:expert")
+    won = next(a for a in load(gathered).attempts if a.won)
+    hit = (Retrieved(won, 1.0),)
+    replaced = prompt_prefix(settings, won.task_type, experience=Shown(retrieved=hit))
+    joined = prompt_prefix(settings, won.task_type, experience=Shown(retrieved=hit, join=True))
+    examples = example_texts(won.task_type)
+    assert won.text() in replaced and not any(e in replaced for e in examples)
+    assert joined.index(won.text()) < min(joined.index(e) for e in examples)
+    # through a run: the option reaches the prompt and the episode's record
+    cfg = game_run(
+        generated_games, tmp_path, "join", "retrieve", model="scripted:expert", max_steps=1,
+        experience_from=str(gathered), retrieve_mode="join", task_types=["heat"],
+    )  # fmt: skip
+    run(cfg)
+    with RunReader(tmp_path / "join") as store:
+        (episode,) = store.episodes()
+    assert json.loads(episode.experience_json or "{}")["examples"] == "join"
+    assert shown(episode)["retrieved"]
+    assert all(e in episode.prompt_prefix for e in example_texts("heat"))
 
 
 EXPERIENCE_JOBS = ["insights", "retrieve", "expel", "insights-reflexion", "expel-reflexion"]
