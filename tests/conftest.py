@@ -35,14 +35,24 @@ def alfworld_data() -> Path:
     return require_alfworld_data()
 
 
+def _one_game_per_type(factory: pytest.TempPathFactory, split: str, seed: int) -> Path:
+    from envs.alfgen import generate  # the generator's libraries load only for tests that play
+
+    root = factory.mktemp(split)
+    generate(root, per_type=1, seed=seed, split=split)
+    return root
+
+
 @pytest.fixture(scope="session")
 def generated_games(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One generated game per task type, in the eval_out_of_distribution split."""
-    from envs.alfgen import generate
+    return _one_game_per_type(tmp_path_factory, "eval_out_of_distribution", seed=7)
 
-    root = tmp_path_factory.mktemp("generated")
-    generate(root, per_type=1, seed=7, split="eval_out_of_distribution")
-    return root
+
+@pytest.fixture(scope="session")
+def train_games(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One generated game per task type, in the train split (a gathering run's games)."""
+    return _one_game_per_type(tmp_path_factory, "train", seed=3)
 
 
 @pytest.fixture(scope="module")

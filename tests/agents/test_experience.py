@@ -16,7 +16,6 @@ from agents.insights import apply_ops, parse_ops
 from agents.llm.markers import RULES_MARKER
 from agents.prompting import example_texts
 from agents.reflexion import ReflexionSettings, prompt_prefix
-from envs.alfgen import generate
 from experiments.cli import main
 from experiments.experience import INSIGHTS_KEY, extract_rules, load, shown, summary
 from experiments.report import experience_table, summarize_run, write_report
@@ -29,14 +28,6 @@ from tests.support.runfactory import PAYLOAD
 
 GATHER_TYPES = ["put", "clean", "heat"]  # the types the gathering run plays; the others not
 ALL_TYPES = ("put", "clean", "heat", "cool", "examine", "puttwo")
-
-
-@pytest.fixture(scope="module")
-def train_games(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One train game of each of the six types."""
-    root = tmp_path_factory.mktemp("train")
-    generate(root, per_type=1, seed=3, split="train")
-    return root
 
 
 @pytest.fixture(scope="module")
@@ -325,28 +316,25 @@ def refused(capsys: pytest.CaptureFixture[str], data: Path, split: str, *flags: 
     return err[0]
 
 
-def test_a_run_on_the_gathered_games_is_refused(
-    gathered: Path, train_games: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("leak", ["same split", "same files"])
+def test_experience_of_the_games_a_run_plays_is_refused(
+    gathered: Path,
+    train_games: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    leak: str,
 ) -> None:
-    """Its own games' episodes (same split, same files): one line naming the source, nothing
+    """Its own games' episodes: the same split, or a copy of the gathered games under the
+    evaluation split (still those games, by file hash). One line naming the source; nothing
     written."""
+    data, split, says = train_games, "train", "train"
+    if leak == "same files":
+        data, split, says = tmp_path / "data", "eval_out_of_distribution", "game(s) this run plays"
+        shutil.copytree(train_games / "json_2.1.1" / "train", data / "json_2.1.1" / "valid_unseen")
     run_dir = tmp_path / "leak"
     flags = ("--experience-from", str(gathered), "--run-dir", str(run_dir))
-    line = refused(capsys, train_games, "train", *flags)
-    assert str(gathered) in line and "train" in line
-    assert not run_dir.exists()
-
-
-def test_the_same_game_files_in_another_split_are_refused(
-    gathered: Path, train_games: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """A copy of a gathered game under the evaluation split is still that game (file hash)."""
-    data = tmp_path / "data"
-    shutil.copytree(train_games / "json_2.1.1" / "train", data / "json_2.1.1" / "valid_unseen")
-    run_dir = tmp_path / "copy"
-    flags = ("--experience-from", str(gathered), "--run-dir", str(run_dir))
-    line = refused(capsys, data, "eval_out_of_distribution", *flags)
-    assert str(gathered) in line and "game(s) this run plays" in line
+    line = refused(capsys, data, split, *flags)
+    assert str(gathered) in line and says in line
     assert not run_dir.exists()
 
 

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from agents.llm import make_backend
-from envs.alfgen import generate
 from experiments import matrix
 from experiments.cli import main
 from experiments.errors import ConfigError
@@ -23,13 +22,6 @@ from experiments.store import RunReader
 from tests.support.gameruns import game_run
 
 HEAT = ["heat"]  # one game a split: the learner fails its first trial and wins its second
-
-
-@pytest.fixture(scope="module")
-def train_games(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("train")
-    generate(root, per_type=1, seed=3, split="train")
-    return root
 
 
 def gather(train_games: Path, tmp: Path, trials: int) -> Path:

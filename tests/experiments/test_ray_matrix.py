@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 
-from envs.alfgen import generate
 from experiments import cluster as ray_cluster_module
 from experiments import matrix
 from experiments.cli import main
@@ -130,13 +129,11 @@ def test_setups_that_cannot_work_are_one_line_errors(cluster, generated_games, t
 
 
 def test_a_job_that_reads_another_s_run_starts_once_it_completed(
-    cluster, generated_games, tmp_path
+    cluster, train_games, generated_games, tmp_path
 ):
     """On Ray every job is submitted at once, but one that is shown another job's experience
     is held until that job completed: it extracts the rules of a finished gathering run."""
-    train = tmp_path / "train"
-    generate(train, per_type=1, seed=3, split="train", task_types=["heat"])
-    path = phases_preset(tmp_path / "p.json", train, generated_games)
+    path = phases_preset(tmp_path / "p.json", train_games, generated_games)
     result = matrix.run_matrix(
         matrix.load_preset(str(path)), {"ray": cluster.address}, tmp_path / "m"
     )
