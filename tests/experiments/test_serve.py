@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from agents.llm import make_backend
+from experiments.arming import backend_options
 from experiments.config import RunConfig
 from experiments.errors import ConfigError
 from experiments.serve import (
@@ -181,6 +183,15 @@ def test_served_config_checks():
     # the retry window outlasts a restart: about ten minutes of backoff
     waits = [min(2.0**i, cfg.models.backend_options["backoff_max"]) for i in range(24)]
     assert sum(waits[: cfg.models.backend_options["max_retries"]]) >= 600
+    # a chat format that wraps prompts goes to the chat endpoint; raw is the completions text
+    for chat_format, api in (("user", "chat"), ("prefill", "chat"), ("raw", "completions")):
+        given = RunConfig.of(model="vllm:m", serve=True, chat_format=chat_format)
+        served = served_config(given, 8123)
+        assert served.models.backend_options["api"] == api
+        assert served.models.chat_format == (None if chat_format == "raw" else chat_format)
+        backend = make_backend(served.models.model, **backend_options(served))
+        assert (backend.api, backend.chat_format) == (api, chat_format.replace("raw", "user"))
+        backend.close()
 
 
 def test_the_server_commands_keep_vllms_own_sampling_defaults_and_report_cached_tokens():
