@@ -27,14 +27,15 @@ from agents import reflexion
 from agents import reflexion_code as code
 from agents.episode import Agent, EpisodeSpec, episode_seed
 from agents.experience import Experience, Retrieved, Shown
-from agents.llm.base import BackendError, Completion, ModelRestarted, Request
+from agents.llm.base import BackendError, Completion, ContextLimitError, ModelRestarted, Request
 from agents.memory_policy import NO_MEMORY, Failed, MemoryPolicy
 from agents.reflexion import ReflexionSettings
-from experiments.engine import RESTART_RERUNS, Engine, ModelClient, StopRun
+from experiments.engine import RESTART_RERUNS, Engine, ModelClient, StopRun, context_verdict
 from experiments.store import EpisodeRow, RunStore, TaskEnd, episode_id, escalation_id
 from memory.records import EpisodeStatus, FailureClass, Reflection, Step, env_actions
 
 log = logging.getLogger("reflexsim.trials")
+NOT_REFLECTED = "reflection not made"  # how a context_limit event of a refused reflection starts
 
 
 @dataclass(frozen=True)
@@ -286,6 +287,11 @@ class TrialLoop:
             return  # the self-evaluation arm reflects only when its judge saw a failure
         if any(r.trial == trial for r in self.store.reflections(task.game)):
             return
+        if any(  # a reflection the model's context refused is not asked again (on --resume)
+            e.episode_id == row.episode_id and e.detail.startswith(NOT_REFLECTED)
+            for e in self.store.event_rows("context_limit")
+        ):
+            return
         failed = Failed(
             task.game, trial, row.episode_id, row.observation, self.store.steps(row.episode_id)
         )
@@ -293,6 +299,10 @@ class TrialLoop:
             made = await self.plan.memory.remember(
                 _TaskModel(self.engine, task.game, trial), settings, _Past(self, task), failed
             )
+        except ContextLimitError as exc:  # the model's limit, not the harness's: no retry helps
+            note = f"{NOT_REFLECTED} (trial {trial}): {context_verdict(exc)}"
+            self.store.log_event("context_limit", note, row.episode_id)
+            return  # the next trial sees the memory this one saw
         except BackendError as exc:
             raise _TaskHalted(f"{task.game} trial {trial}: reflection failed: {exc}") from exc
         if made is None:
@@ -312,6 +322,11 @@ class TrialLoop:
                 steps=self.store.steps(row.episode_id),
                 seed=self.plan.reflexion.seed,
                 episode_id=row.episode_id,
+            )
+        except ContextLimitError as exc:  # the transcript outgrew the judge's context
+            verdict, reason = "unclear", context_verdict(exc)
+            self.store.log_event(
+                "context_limit", f"judge of trial {trial}: {reason}", row.episode_id
             )
         except BackendError as exc:
             raise _TaskHalted(f"{task.game} trial {trial}: judge failed: {exc}") from exc

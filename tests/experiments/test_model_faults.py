@@ -141,6 +141,41 @@ def test_api_context_length_exceeded_ends_the_episode_as_context_limit(
     print(f"\ncontext {limit} words: {len(rows)} episodes ended at the limit ({numbers}): {rows}")
 
 
+@pytest.mark.parametrize("evaluator", ["paper", "llm"])
+def test_a_reflection_over_the_context_is_skipped_and_the_task_goes_on(
+    generated_games: Path, tmp_path: Path, evaluator: str
+) -> None:
+    """The reflector (a real local HTTP server with a 40-word context) refuses every reflection
+    prompt, and the LLM evaluator's judge prompt, as over its context: no reflection is kept, a
+    judge that could not read is 'unclear', the events say so, and the task plays its next
+    trials with the memory it had (the learner, shown none, fails them); the run completes with
+    no infrastructure error and a --resume asks nothing again."""
+    with FaultServer(FaultPlan(context_words=40), answer=_look) as server:
+        cfg = RunConfig.of(
+            model="scripted:learner", reflect_model="openai:test", data=str(generated_games),
+            split=SPLIT, trials=3, games=2, max_steps=4, workers=1, concurrency=2,
+            run_dir=str(tmp_path / "run"), evaluator=evaluator,
+            role_options={"reflect": {"base_url": server.url, "max_retries": 2, "timeout": 5}},
+        )  # fmt: skip
+        run_dir = run(cfg)
+        asked = server.stats()["context"]
+        with open_reader(run_dir) as reader:
+            summary = summarize(reader)
+            assert summary.status.complete and summary.errors == 0
+            assert [t.tasks_run for t in summary.trials] == [2, 2, 2]
+            assert reader.reflections() == []
+            details = [e["detail"] for e in reader.events("context_limit")]
+            judged = {e.judge_verdict for e in reader.episodes()}
+        reflections = [d for d in details if d.startswith("reflection not made (trial")]
+        judges = [d for d in details if d.startswith("judge of trial")]
+        assert len(reflections) == 4  # two games, a reflection after trials 0 and 1
+        assert len(judges) == (6 if evaluator == "llm" else 0)  # every episode judged
+        assert asked == len(details) and all("exceeds" in d for d in details)
+        assert judged == ({"unclear"} if evaluator == "llm" else {None})
+        run(cfg, resume=str(run_dir))
+        assert server.stats()["context"] == asked
+
+
 def test_llamacpp_prompt_over_n_ctx_ends_the_episode_as_context_limit(
     generated_games: Path, tmp_path: Path
 ) -> None:
