@@ -803,6 +803,40 @@ def killed_engine_run(
     return KilledRun(run_dir, killed, code, (tmp_path / "run.out").read_text())
 
 
+def _served_context_limit(model: Path, port: int, games: Path, tmp_path: Path) -> None:
+    """A run whose every prompt is over the served model's max_model_len (4096), then its resume,
+    against the server on ``port``: the context-limit check of the served test."""
+    from experiments.config import RunConfig
+    from experiments.report import summarize
+    from experiments.serve import served_config
+    from experiments.session import run
+    from experiments.store import open_reader
+
+    instruction = tmp_path / "long-instruction.txt"
+    instruction.write_text(LONG_INSTRUCTION + "\n")
+    cfg = RunConfig.of(
+        model=f"vllm:{model}", data=str(games), split="eval_out_of_distribution", games=2,
+        trials=1, max_steps=3, instruction_file=str(instruction),
+        run_dir=str(tmp_path / "context-limit"),
+    )  # fmt: skip
+    served = served_config(cfg, port)
+    run_dir = run(served)
+    reader = open_reader(run_dir)
+    calls = len(reader.model_calls())
+    reader.close()
+    run(served, resume=str(run_dir))
+    reader = open_reader(run_dir)
+    try:
+        episodes = reader.episodes()
+        summary = summarize(reader)
+        assert len(reader.model_calls()) == calls  # the resume asked nothing again
+    finally:
+        reader.close()
+    counts = _context_limited(episodes, summary, 4096)
+    print(f"\nvllm serve, max_model_len 4096: (prompt tokens, limit) {counts}")
+    assert all(tokens > limit for tokens, limit in counts)
+
+
 @pytest.mark.slow
 def test_real_vllm_served_run_survives_a_killed_runner_and_acts_as_in_process(
     sampling_defaults_model: Path, killed_engine_run: KilledRun, generated_games: Path,
@@ -816,7 +850,10 @@ def test_real_vllm_served_run_survives_a_killed_runner_and_acts_as_in_process(
     the killed-engine run, whose replayed episodes are played again from the start; vLLM's
     default, ``auto``, would apply that file's sampling defaults to every request), reports cached
     prompt tokens (``--enable-prompt-tokens-details``), and the manifest records what the server
-    was told and the server's vLLM version."""
+    was told and the server's vLLM version. While the left server waits for the resume, a run of
+    prompts over its max_model_len (4096) is answered 400 for every prompt: each episode ends with
+    the class ``context_limit`` and the token count the server gave; a --resume against the same
+    server asks nothing again; the report counts them."""
     from experiments.serve import free_port, port_free
     from tests.experiments.test_serve import kill_runner_then_resume
     from tests.support.backend_process import offline_env
@@ -848,7 +885,10 @@ def test_real_vllm_served_run_survives_a_killed_runner_and_acts_as_in_process(
         "--serve-port", str(port), "--serve-timeout-s", "900", *_game_args(generated_games),
         "--trials", "1", "--run-dir", str(served_dir),
     ]  # fmt: skip
-    left, resumed = kill_runner_then_resume(args, served_dir, env=env, steps=2)
+    left, resumed = kill_runner_then_resume(
+        args, served_dir, env=env, steps=2,
+        while_left=lambda: _served_context_limit(sampling_defaults_model, port, generated_games, tmp_path),
+    )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     log = (served_dir / "server.log").read_text()
     assert f"reusing a server left by an earlier run pid={left}" in log
@@ -961,6 +1001,10 @@ def test_real_vllm_engine_killed_mid_run_is_rebuilt_and_every_episode_completes(
     assert run_log.count("vllm async engine ready") == 3  # actor, its rebuild, reflect
 
 
+# an actor instruction of about 5000 tokens: no prompt that carries it fits a 4096-token context
+LONG_INSTRUCTION = "Interact with the household and finish the task it names in few steps. " * 400
+
+
 def _context_limited(episodes: list[Any], summary: RunSummary, limit: int) -> list[tuple[int, int]]:
     """Every episode ended, once, at the model's context ``limit`` (done, class
     ``context_limit``; the report counts them): the (prompt tokens, limit) of each verdict."""
@@ -1026,8 +1070,7 @@ def test_real_vllm_prompt_over_max_model_len_ends_episodes_as_context_limit(
     store = RunStore(tmp_path / "run", create=True)
     store.set_meta("manifest", {"games": {t.game: t.task_type for t in games.tasks}})
     pool = EnvPool(EnvSpec(games.env_kind, games.env_kwargs), workers=1, timeout_s=120)
-    words = "Interact with the household and finish the task it names in few steps. " * 400
-    plan = TrialPlan(trials=1, reflexion=ReflexionSettings(3, "x", instruction=words))
+    plan = TrialPlan(trials=1, reflexion=ReflexionSettings(3, "x", instruction=LONG_INSTRUCTION))
 
     async def play() -> str | None:
         engine = Engine(store, ModelClient(_StdioModel(vllm_stdio)), AsyncEnvPool(pool), arm="x")
@@ -1047,45 +1090,3 @@ def test_real_vllm_prompt_over_max_model_len_ends_episodes_as_context_limit(
     counts = _context_limited(episodes, summary, 4096)
     print(f"\nin-process vLLM, max_model_len 4096: (prompt tokens, limit) {counts}")
     assert all(tokens > limit for tokens, limit in counts)
-
-
-@pytest.mark.slow
-def test_real_vllm_serve_prompt_over_max_model_len_is_context_limit(
-    vllm_checkpoint: str, generated_games: Path, tmp_path: Path
-) -> None:
-    """``vllm serve`` at max_model_len 512 answers 400 for every ALFWorld prompt: each episode
-    ends with the class ``context_limit`` and the token count the server gave; a --resume against
-    the same server asks nothing again; the report counts them. One server for both runs."""
-    from experiments.config import RunConfig
-    from experiments.report import summarize
-    from experiments.serve import ModelServer, free_port, serve_settings, served_config
-    from experiments.session import run
-    from experiments.store import open_reader
-
-    command = (
-        f"{VLLM_PYTHON} -m vllm.entrypoints.openai.api_server --model {{model}} --host {{host}} "
-        f"--port {{port}} --dtype float32 --enforce-eager --max-model-len 512 "
-        f"--kv-cache-memory-bytes {64 << 20}"
-    )
-    cfg = RunConfig.of(
-        model=f"vllm:{vllm_checkpoint}", serve=True, serve_command=command,
-        serve_port=free_port(), serve_timeout_s=900, data=str(generated_games),
-        split="eval_out_of_distribution", games=2, trials=1, max_steps=3,
-        run_dir=str(tmp_path / "run"),
-    )  # fmt: skip
-    with ModelServer(serve_settings(cfg, tmp_path / "server.log")):
-        served = served_config(cfg, cfg.server.serve_port).replace(serve=False)
-        run_dir = run(served)
-        reader = open_reader(run_dir)
-        calls = len(reader.model_calls())
-        reader.close()
-        run(served, resume=str(run_dir))
-    reader = open_reader(run_dir)
-    try:
-        episodes = reader.episodes()
-        summary = summarize(reader)
-        assert len(reader.model_calls()) == calls  # the resume asked nothing again
-    finally:
-        reader.close()
-    counts = _context_limited(episodes, summary, 512)
-    print(f"\nvllm serve, max_model_len 512: (prompt tokens, limit) {counts}")
