@@ -776,7 +776,8 @@ def killed_engine_run(
     model = f"vllm:{sampling_defaults_model}"
     argv = [
         str(VLLM_PYTHON), "-m", "experiments.cli", "run", "--model", model, "--reflect-model",
-        model, *_game_args(generated_games), "--trials", "2", "--run-dir", str(run_dir),
+        model, *_game_args(generated_games), "--trials", "2", "--reflect-max-tokens", "32",
+        "--run-dir", str(run_dir),
         *[a for k, v in shared.items() for a in ("--backend-option", f"{k}={v}")],
         "--role-option", f"actor.kv_cache_memory_bytes={256 << 20}",
         "--role-option", "actor.gpu_memory_utilization=0.5",
