@@ -4,6 +4,7 @@ in a spare slot, and no more than ``concurrency`` episodes play (send model requ
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 from agents.episode import EpisodeContext, EpisodeEnd, EpisodeSpec
@@ -16,17 +17,27 @@ from tests.envs.test_pool import SLEEPY
 
 
 class Probe:
-    """Resets, then plays for a while (its model time): how many played at once."""
+    """Resets, then plays for a while (its model time): how many played at once. With
+    ``started``, the first episode plays until that many episodes have reset (their rows are
+    made), so the order does not hang on how fast a loaded machine resets; a hang fails."""
 
-    def __init__(self) -> None:
+    def __init__(self, started: tuple[Callable[[], int], int] | None = None) -> None:
         self.playing = 0
         self.most = 0
+        self.started = started
 
     async def play(self, episode: EpisodeContext) -> EpisodeEnd:
         await episode.reset()
         self.playing += 1
         self.most = max(self.most, self.playing)
         await asyncio.sleep(0.3)
+        if self.started is not None:
+            count, want = self.started
+            self.started = None  # the first episode only
+            for _ in range(3000):  # 30 s: only tells a hang from an order
+                if count() >= want:
+                    break
+                await asyncio.sleep(0.01)
         self.playing -= 1
         return EpisodeEnd(won=False)
 
@@ -34,8 +45,8 @@ class Probe:
 def test_waiting_episodes_reset_ahead_and_only_concurrency_of_them_play(tmp_path: Path) -> None:
     games = ["a", "b", "c", "d"]
     specs = [EpisodeSpec(f"{g}#t0", g, "examine", 0, "prefix") for g in games]
-    probe = Probe()
     store = RunStore(tmp_path / "run", create=True)
+    probe = Probe(started=(lambda: len(store.episodes()), 3))
     with EnvPool(SLEEPY, workers=2, slots=3, timeout_s=60) as pool:
         engine = Engine(
             store,
