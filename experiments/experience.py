@@ -105,9 +105,8 @@ def for_run(cfg: RunConfig, split: str, games: Mapping[str, Path]) -> Experience
     not yet extracted are made later, by :func:`with_current_rules` (the run's extract phase,
     once it holds its lock)."""
     source = settings_of(cfg).experience_from
-    needs = getattr(arms.get(cfg.protocol.agent).memory, "uses_experience", None)
     if source is None:
-        if needs:
+        if uses_experience(cfg):
             raise ConfigError(
                 f"--agent {cfg.protocol.agent} shows experience of other games: add "
                 "--experience-from RUN_DIR (a gathering run)"
@@ -137,9 +136,14 @@ def _refuse_unfinished(run_dir: str | Path) -> None:
         )
 
 
+def uses_experience(cfg: RunConfig) -> str | None:
+    """What of other games' experience the run's arm shows ("rules", "trajectories"), or None."""
+    return getattr(arms.get(cfg.protocol.agent).memory, "uses_experience", None)
+
+
 def needs_rules(cfg: RunConfig) -> bool:
     """Whether the run's arm shows the rules of its experience."""
-    return getattr(arms.get(cfg.protocol.agent).memory, "uses_experience", None) == "rules"
+    return uses_experience(cfg) == "rules"
 
 
 def with_current_rules(
@@ -150,20 +154,23 @@ def with_current_rules(
     recorded) and kept in the source's store. Another process extracting the same source is
     waited for (its rules are then used)."""
     source = experience.provenance.run
-    if _current(source) is None:
-        log.info("extracting the rules of %s with %s", source, model)
-        extract_with(source, backend, model, max_tokens, wait_s=EXTRACT_WAIT_S, keep_current=True)
+    if _current(source, experience) is not None:
+        return experience  # loaded with those very rules
+    log.info("extracting the rules of %s with %s", source, model)
+    extract_with(source, backend, model, max_tokens, wait_s=EXTRACT_WAIT_S, keep_current=True)
     return load(source, experience.settings)
 
 
-def _current(run_dir: str | Path) -> dict[str, Any] | None:
+def _current(run_dir: str | Path, experience: Experience | None = None) -> dict[str, Any] | None:
     """The rules kept in the run's store when they were made from its attempts as they are
-    now; None when none were made, or the run changed after (it was resumed with more trials)."""
+    now (``experience``: the run, already loaded); None when none were made, or the run changed
+    after (it was resumed with more trials)."""
     with RunReader(run_dir) as store:
         kept = store.get_meta(INSIGHTS_KEY)
-    if kept is None or kept.get("source_digest") != source_digest(load(run_dir)):
+    if kept is None:
         return None
-    return dict(kept)
+    attempts = experience if experience is not None else load(run_dir)
+    return dict(kept) if kept.get("source_digest") == source_digest(attempts) else None
 
 
 def source_digest(experience: Experience) -> str:
@@ -201,10 +208,10 @@ def extract_with(
     lock = DirLock(Path(run_dir), LOCK_NAME)
     lock.acquire(wait_s, what="a rule extraction")
     try:
-        kept = _current(run_dir) if keep_current else None
+        experience = load(run_dir)
+        kept = _current(run_dir, experience) if keep_current else None
         if kept is not None:
             return kept
-        experience = load(run_dir)
         client = ModelClient(backend, max_in_flight=1)
         try:
             rules, steps = asyncio.run(extract(client, experience.attempts, max_tokens=max_tokens))
