@@ -58,6 +58,15 @@ def train_games(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _one_game_per_type(tmp_path_factory, "train", seed=3)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that drives the real browser is in the slow set, however it asks for it (the
+    ``browser`` marker or fixture): the `-m` selection that follows sees the mark."""
+    for item in items:
+        if item.get_closest_marker("browser") or "browser" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A headless Chromium context (tests.support.browser), one per test module."""

