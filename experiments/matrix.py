@@ -65,6 +65,7 @@ from experiments.config import (
     public_values,
 )
 from experiments.errors import ConfigError, RunStoreError
+from experiments.files import write_text
 from experiments.games import generated_games_dir, select_games, textworld_cache_dir
 from experiments.lock import DirLock
 from experiments.ray_session import describe_resources, import_ray, job_resources
@@ -448,9 +449,9 @@ def read_state(run_dir: Path) -> dict[str, Any]:
 
 
 def _write_state(run_dir: Path, state: dict[str, Any]) -> None:
-    tmp = run_dir / f".{STATE_FILE}.tmp"
-    tmp.write_text(json.dumps(state, indent=1, sort_keys=True, default=str) + "\n")
-    tmp.replace(run_dir / STATE_FILE)
+    write_text(
+        run_dir / STATE_FILE, json.dumps(state, indent=1, sort_keys=True, default=str) + "\n"
+    )
 
 
 def job_status(job_dir: Path) -> str:
