@@ -96,3 +96,22 @@ def test_a_server_without_a_chat_endpoint_is_one_line_naming_the_fix(
     assert len(lines) == 1 and "Traceback" not in err, err
     assert "/chat/completions" in lines[0] and "--chat-format raw" in lines[0], lines[0]
     assert paths == ["/v1/chat/completions"]  # no silent fall back to /completions, no retries
+
+
+def test_a_chat_format_that_contradicts_the_endpoint_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from agents.llm import make_backend
+    from agents.llm.base import SpecError
+
+    url = "http://127.0.0.1:9/v1"
+    with pytest.raises(SpecError, match="api=completions sends them as text"):
+        make_backend("openai:m", base_url=url, api="completions", chat_format="user")
+    with pytest.raises(SpecError, match="api=chat sends chat messages"):
+        make_backend("vllm:m", base_url=url, api="chat", chat_format="raw")
+    # api.openai.com: chat by default, and raw is its completions endpoint (no request is made)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-not-used")
+    for chat_format, api in ((None, "chat"), ("raw", "completions"), ("prefill", "chat")):
+        backend = make_backend("openai:m", chat_format=chat_format)
+        assert (backend.api, backend.chat_format) == (api, chat_format or "user")
+        backend.close()
