@@ -7,6 +7,7 @@ The server is a real one on loopback (tests/support/fault_server.py) that record
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,8 +37,9 @@ def _run(server: FaultServer, model: str, run_dir: Path, games: Path, *more: str
     ])  # fmt: skip
 
 
-def _prompts(run_dir: Path) -> list[str]:
-    """The prompt of every step the run played, as the store holds it (what the model got)."""
+def _prompts(run_dir: Path) -> tuple[list[str], dict[str, Any]]:
+    """The prompt of every step the run played, as the store holds it (what the model got),
+    and the manifest's record of the actor."""
     with open_reader(run_dir) as reader:
         out = []
         for row in reader.episodes():
