@@ -255,7 +255,10 @@ class OpenAIBackend:
     # -- generation ----------------------------------------------------------------------------
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
         indexed = list(enumerate(requests))
-        return concurrent_map(lambda item: self._one(*item), indexed, self._pool)
+        try:
+            return concurrent_map(lambda item: self._one(*item), indexed, self._pool)
+        except _NoChatEndpoint as exc:
+            raise SpecError(str(exc)) from None  # the run's config, not a request, is wrong
 
     def _payload(self, request: Request) -> tuple[str, dict[str, Any]]:
         c = request.config
@@ -320,18 +323,15 @@ class OpenAIBackend:
 
         start = time.perf_counter()
         label = f"{self.name} request {index}"
-        try:
-            (texts, finishes, usage), retries = call_with_retries(
-                call,
-                classify_openai_error,
-                self.policy,
-                log=log,
-                label=label,
-                scrub=self._scrub,
-                cancelled=self._guard.cancelled,
-            )
-        except _NoChatEndpoint as exc:
-            raise SpecError(str(exc)) from None  # the run's config, not the request, is wrong
+        (texts, finishes, usage), retries = call_with_retries(
+            call,
+            classify_openai_error,
+            self.policy,
+            log=log,
+            label=label,
+            scrub=self._scrub,
+            cancelled=self._guard.cancelled,
+        )
         latency = time.perf_counter() - start
         cleaned, finish = finish_texts(
             list(zip(texts, finishes, strict=True)), request.config, log=log, label=label

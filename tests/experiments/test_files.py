@@ -12,12 +12,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from experiments import files
 from experiments.files import atomic_write, write_text
-from tests.support.runfactory import make_run, standard_tasks, task
+from tests.support.runfactory import make_run, many_tasks
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 HANG_GUARD_S = 120.0
@@ -33,16 +34,20 @@ WRITES = {
 @pytest.fixture(scope="module")
 def many_episodes(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A finished run whose every export is some hundred kilobytes (many write calls)."""
-    tasks = [
-        task(t.task_type, 10 * i + n, *t.outcomes)
-        for i in range(12)
-        for n, t in enumerate(standard_tasks())
-    ]
-    return make_run(tmp_path_factory.mktemp("stores") / "run", tasks)
+    return make_run(tmp_path_factory.mktemp("stores") / "run", many_tasks(12))
 
 
-def _export_args(run: Path, fmt: str, out: Path) -> list[str]:
-    return ["export", str(run), "--format", fmt, "--out", str(out), "--force"]
+def _export(run: Path, fmt: str, out: Path, *runner: str) -> list[str]:
+    """The command line of ``reflexsim export`` (``runner``: the module that runs it, and its
+    own arguments)."""
+    args = ["export", str(run), "--format", fmt, "--out", str(out), "--force"]
+    return [sys.executable, "-m", *(runner or ["experiments.cli"]), *args]
+
+
+def _reflexsim(command: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD_S, **kw
+    )
 
 
 def _previous(out: Path, fmt: str) -> dict[str, bytes]:
@@ -67,11 +72,8 @@ def test_kill_9_mid_export_keeps_the_previous_file_and_leaves_no_temporary(
 ) -> None:
     out = tmp_path / "out"
     before = _previous(out, fmt)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.stop_mid_write", str(out),
-         *_export_args(many_episodes, fmt, out)],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )  # fmt: skip
+    command = _export(many_episodes, fmt, out, "tests.support.stop_mid_write", str(out))
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + HANG_GUARD_S
         while _process_state(proc.pid) != "T":  # stopped with bytes written, more to come
@@ -90,10 +92,7 @@ def test_kill_9_mid_export_keeps_the_previous_file_and_leaves_no_temporary(
     assert {name: (out / name).read_bytes() for name in before} == before
 
     # the same export run to its end replaces them, and leaves nothing else either
-    r = subprocess.run(
-        [sys.executable, "-m", "experiments.cli", *_export_args(many_episodes, fmt, out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD_S,
-    )  # fmt: skip
+    r = _reflexsim(_export(many_episodes, fmt, out))
     assert r.returncode == 0, r.stderr[-3000:]
     assert sorted(os.listdir(out)) == sorted(before)
     for name in before:
@@ -112,11 +111,7 @@ def test_an_export_that_cannot_finish_is_one_line_and_leaves_no_temporary(
     """A write that fails part way (here: the file size limit, EFBIG) is a handled error."""
     out = tmp_path / "out"
     before = _previous(out, fmt)
-    r = subprocess.run(
-        [sys.executable, "-m", "experiments.cli", *_export_args(many_episodes, fmt, out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD_S,
-        preexec_fn=lambda: _limit_file_size(64 * 1024),
-    )  # fmt: skip
+    r = _reflexsim(_export(many_episodes, fmt, out), preexec_fn=lambda: _limit_file_size(2**16))
     assert r.returncode == 2, r.stderr[-3000:]
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert sorted(os.listdir(out)) == sorted(before)
