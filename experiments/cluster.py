@@ -27,6 +27,7 @@ from typing import Any
 
 from experiments.config import RunConfig, from_mapping
 from experiments.errors import ConfigError
+from experiments.files import write_text
 from experiments.lock import DirLock
 from experiments.ray_session import (
     alive_nodes,
@@ -137,9 +138,7 @@ def read_placement(job_dir: Path) -> list[dict[str, Any]]:
 
 
 def _write_placement(job_dir: Path, attempts: list[dict[str, Any]]) -> None:
-    tmp = job_dir / f".{PLACEMENT_FILE}.tmp"
-    tmp.write_text(json.dumps(attempts, indent=1) + "\n")
-    tmp.replace(job_dir / PLACEMENT_FILE)
+    write_text(job_dir / PLACEMENT_FILE, json.dumps(attempts, indent=1) + "\n")
 
 
 def _job_task(

@@ -5,11 +5,13 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+from collections.abc import Iterable
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from experiments.errors import ConfigError, is_disk_full
+from experiments.files import atomic_write
 from experiments.store import open_reader
 
 
@@ -59,13 +61,19 @@ def unwritable(out: Path, exc: OSError) -> Exception:
 
 
 def _write(path: Path, fmt: str, rows: list[dict[str, Any]]) -> None:
+    """All rows or nothing (see :mod:`experiments.files`)."""
     if fmt == "jsonl":
-        with path.open("w") as f:
-            for r in rows:
-                f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    else:
-        fields = list(rows[0]) if rows else []
-        with path.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=fields)
-            writer.writeheader()
-            writer.writerows(rows)
+        write_jsonl(path, rows)
+        return
+    with atomic_write(path, newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else [])
+        writer.writeheader()
+        for row in rows:
+            writer.writerow(row)
+
+
+def write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
+    """One JSON object a line, all rows or nothing."""
+    with atomic_write(path) as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")

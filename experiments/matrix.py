@@ -22,7 +22,8 @@ goes on. Consecutive jobs that serve the same model with the same command share 
 A relative ``deadline`` (``8h``) is for the whole matrix. At the end one combined report is
 written to ``<run dir>/report``. ``--resume <run dir>`` plays every job that is not complete
 (interrupted ones continue from their last step, via the runner's resume), with the preset and
-flags recorded in ``matrix.json`` (flags given again override them).
+flags recorded in ``matrix.json`` (flags given again override them); a job is complete under
+the trials given now (a job that played all of 2 trials is not complete under ``--trials 3``).
 
 With ``--ray ADDRESS`` (or ``--ray local``) the jobs run as Ray tasks instead, in parallel where
 the cluster's resources allow, each reserving its model's GPUs and its env workers' CPUs; a job
@@ -65,6 +66,7 @@ from experiments.config import (
     public_values,
 )
 from experiments.errors import ConfigError, RunStoreError
+from experiments.files import write_text
 from experiments.games import generated_games_dir, select_games, textworld_cache_dir
 from experiments.lock import DirLock
 from experiments.ray_session import describe_resources, import_ray, job_resources
@@ -448,25 +450,26 @@ def read_state(run_dir: Path) -> dict[str, Any]:
 
 
 def _write_state(run_dir: Path, state: dict[str, Any]) -> None:
-    tmp = run_dir / f".{STATE_FILE}.tmp"
-    tmp.write_text(json.dumps(state, indent=1, sort_keys=True, default=str) + "\n")
-    tmp.replace(run_dir / STATE_FILE)
+    write_text(
+        run_dir / STATE_FILE, json.dumps(state, indent=1, sort_keys=True, default=str) + "\n"
+    )
 
 
-def job_status(job_dir: Path) -> str:
+def job_status(job_dir: Path, trials: int | None = None) -> str:
     """``new`` (no run yet), else the status its run store derives (a ``RunStatus`` value:
-    ``complete``, ``running``, ``stopped``, ``interrupted`` or ``errors``)."""
-    return job_state(job_dir)[0]
+    ``complete``, ``running``, ``stopped``, ``interrupted`` or ``errors``); ``trials``: under
+    that many trials (a resume may give more: a job complete with fewer is not)."""
+    return job_state(job_dir, trials)[0]
 
 
-def job_state(job_dir: Path) -> tuple[str, RunState | None]:
+def job_state(job_dir: Path, trials: int | None = None) -> tuple[str, RunState | None]:
     """``job_status`` and the run state behind it (None for a new job)."""
 
     if not (job_dir / DB_NAME).is_file():
         return "new", None
     store = RunStore(job_dir, readonly=True)
     try:
-        state = store.run_state()
+        state = store.run_state(trials)
     finally:
         store.close()
     return state.status.value, state
@@ -584,7 +587,7 @@ def _run_matrix(
             state["ray"] = on_ray
             todo = []
             for job, cfg in _own_ports(configs):
-                if job_status(run_dir_of(cfg)) == "complete":
+                if job_status(run_dir_of(cfg), cfg.protocol.trials) == "complete":
                     results.setdefault(job.name, {})["status"] = "complete"
                 else:
                     todo.append((job.name, cfg))
@@ -617,7 +620,8 @@ def play_job(
     session = RunSession.job(cfg, force)
     job_dir = session.run_dir
     out: dict[str, Any] = {"started_at": time.time()}
-    if job_status(job_dir) == "complete":  # e.g. a lost attempt that had finished it
+    # e.g. a lost attempt that had finished it (under the trials it is given now)
+    if job_status(job_dir, cfg.protocol.trials) == "complete":
         record_notes(job_dir, dict(notes or {}))
         return {"status": "complete"}
     session.notes.update(notes or {})
@@ -638,7 +642,7 @@ def play_job(
             finished_at=time.time(),
         )
         return out
-    status, state = job_state(job_dir)
+    status, state = job_state(job_dir, cfg.protocol.trials)
     out["status"] = status
     if state is not None and state.status.value == "errors":
         out["error"] = errors_note(state)
@@ -676,7 +680,7 @@ def _run_jobs(
             job_dir = run_dir_of(cfg)
             record = results.setdefault(job.name, {})
             record.update(run_dir=str(job_dir), model=cfg.models.model, arm=cfg.protocol.agent)
-            status = job_status(job_dir)
+            status = job_status(job_dir, cfg.protocol.trials)
             if status == "complete":
                 record["status"] = "complete"
                 continue

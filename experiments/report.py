@@ -36,6 +36,7 @@ from typing import Any
 
 from agents import arms
 from experiments.errors import RunStoreError
+from experiments.files import atomic_write, write_text
 from experiments.store import (
     CallTotals,
     EpisodeError,
@@ -608,7 +609,8 @@ def _pyplot() -> Any:
 def _save(fig: Any, path: Path) -> Path:
     import matplotlib.pyplot as plt  # heavy: matplotlib, only for a report's figures
 
-    fig.savefig(path, dpi=FIG_DPI, format="png")
+    with atomic_write(path, "wb") as f:
+        fig.savefig(f, dpi=FIG_DPI, format="png")
     plt.close(fig)
     return path
 
@@ -917,7 +919,7 @@ def write_report(run_dirs: Sequence[Path], out_dir: Path | None = None) -> Path:
     plot_learning_curve(summaries, labels, out / "learning_curve.png", paired)
     plot_failures(summaries, labels, out / "failures.png")
     plot_compute(summaries, labels, out / "compute.png")
-    (out / "report.md").write_text(markdown_report(summaries, labels, comparison, paired))
+    write_text(out / "report.md", markdown_report(summaries, labels, comparison, paired))
     write_static_page(
         dirs,
         labels,
@@ -934,4 +936,4 @@ def write_report(run_dirs: Sequence[Path], out_dir: Path | None = None) -> Path:
 
 
 def _write_json(path: Path, data: Any) -> None:
-    path.write_text(json.dumps(data, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
+    write_text(path, json.dumps(data, indent=1, sort_keys=True, ensure_ascii=False) + "\n")

@@ -32,6 +32,7 @@ from experiments.arming import (
 from experiments.config import RunConfig, parse_deadline
 from experiments.engine import Engine, ModelClient, Usage
 from experiments.errors import RunStoreError
+from experiments.files import write_text
 from experiments.games import GameSet
 from experiments.progress import NoProgress, Progress, RunLog
 from experiments.ray_session import ray_env_pool
@@ -156,7 +157,7 @@ def _begin(plan: Plan, store: RunStore, progress: Progress) -> None:
             "resume", json.dumps({"differences": differences, "forced": bool(differences)})
         )
     store.set_meta("manifest", plan.manifest)
-    (run_dir / "config.yaml").write_text(_yaml(cfg.to_tree(public=True)))
+    write_text(run_dir / "config.yaml", _yaml(cfg.to_tree(public=True)))
     progress.begin(
         {
             "run_dir": str(run_dir),

@@ -224,22 +224,17 @@ def serve_settings(
 
 def served_config(cfg: RunConfig, port: int) -> RunConfig:
     """The config the runner gets: the server's URL, and retries that outlast a restart. Prompts
-    go to the completions endpoint as text, as in process; a ``chat_format`` that wraps them
-    (user, prefill) sends them to the chat endpoint instead, and ``raw`` is the completions
-    endpoint's text."""
+    go where they go with any ``--base-url`` (:mod:`agents.llm.openai_backend`): to the
+    completions endpoint as text, as in process; a ``chat_format`` that wraps them (user,
+    prefill) sends them to the chat endpoint instead, and ``raw`` is the completions text."""
     options = dict(cfg.models.backend_options)
-    chat_format = cfg.models.chat_format
-    options.setdefault("api", "chat" if chat_format not in (None, "raw") else "completions")
     options.setdefault("concurrency", max(cfg.execution.concurrency, 8))
     options.setdefault("max_retries", RESTART_RETRIES)
     options.setdefault("backoff_max", RESTART_BACKOFF_MAX_S)
     if cfg.server.serve_data_parallel > 1:
         options.setdefault("data_parallel_size", cfg.server.serve_data_parallel)
     return cfg.replace(
-        base_url=f"http://{HOST}:{port}/v1",
-        serve_port=port,
-        backend_options=options,
-        chat_format=None if chat_format == "raw" else chat_format,
+        base_url=f"http://{HOST}:{port}/v1", serve_port=port, backend_options=options
     )
 
 

@@ -1066,18 +1066,33 @@ class RunReader:
         ).fetchone()
         return Tokens(row["p"], row["c"], row["k"])
 
-    def task_ends(self, manifest: dict[str, Any] | None = None) -> dict[str, TaskEnd]:
+    def task_ends(
+        self, manifest: dict[str, Any] | None = None, trials: int | None = None
+    ) -> dict[str, TaskEnd]:
         """The tasks with no trial left, and why. A store made before they were kept derives
         them from its finished episodes: a won episode, or every planned trial played (its
         oscillation stops and task budgets were not recorded, so such a task reads unfinished).
-        ``manifest``: the run's, when the caller has read it already."""
+        ``manifest``: the run's, when the caller has read it already. ``trials``: the trials
+        planned now, when a resume gives more than the run had: a task that ended by playing
+        all of fewer has trials left."""
         if "task_ends" not in self._added:
-            return self._task_ends_of_episodes(manifest or self.get_meta("manifest") or {})
-        rows = self._conn.execute("SELECT game, reason FROM task_ends").fetchall()
-        return {r["game"]: _enum(TaskEnd, r["reason"], f"task {r['game']!r}") for r in rows}
+            return self._task_ends_of_episodes(manifest or self.get_meta("manifest") or {}, trials)
+        rows = self._conn.execute("SELECT game, trial, reason FROM task_ends").fetchall()
+        ends = {
+            r["game"]: (r["trial"], _enum(TaskEnd, r["reason"], f"task {r['game']!r}"))
+            for r in rows
+        }
+        return {
+            game: reason
+            for game, (trial, reason) in ends.items()
+            if trials is None or reason is not TaskEnd.TRIALS or trial >= trials - 1
+        }
 
-    def _task_ends_of_episodes(self, manifest: dict[str, Any]) -> dict[str, TaskEnd]:
-        trials = (manifest.get("config") or {}).get("trials")
+    def _task_ends_of_episodes(
+        self, manifest: dict[str, Any], trials: int | None
+    ) -> dict[str, TaskEnd]:
+        if trials is None:
+            trials = (manifest.get("config") or {}).get("trials")
         rows = self._conn.execute(
             "SELECT game, MAX(won) won, COUNT(*) played FROM episodes WHERE status=? GROUP BY game",
             (EpisodeStatus.DONE.value,),
@@ -1089,14 +1104,15 @@ class RunReader:
             }
         return ends
 
-    def run_state(self) -> RunState:
+    def run_state(self, trials: int | None = None) -> RunState:
         """The run's status, derived: complete when every game of the manifest has a task end;
         else running (a live process holds its lock), else how its last process ended: a budget
         stop, an interrupt, or a finished pass that left tasks to infrastructure errors (a
-        process that could not say, kill -9, reads as interrupted)."""
+        process that could not say, kill -9, reads as interrupted). ``trials``: the status under
+        that many trials (a resume's), see :meth:`task_ends`."""
         manifest = self.get_meta("manifest")
         games = set((manifest or {}).get("games") or {})
-        finished = len(games & set(self.task_ends(manifest)))
+        finished = len(games & set(self.task_ends(manifest, trials)))
         errors = self._conn.execute(
             "SELECT COUNT(*) FROM episodes WHERE status=?", (EpisodeStatus.ERROR.value,)
         ).fetchone()[0]

@@ -28,9 +28,6 @@ reflection was in its memory). Escalation runs are left out.
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +37,7 @@ from agents.prompting import transcript_action
 from agents.react import prompt_at
 from experiments.config import ProtocolConfig
 from experiments.errors import ConfigError
-from experiments.export import unwritable
+from experiments.export import unwritable, write_jsonl
 from experiments.store import EpisodeRow, RunReader, RunStatus, open_reader
 from memory.records import EpisodeStatus, Step, StepKind
 
@@ -262,14 +259,6 @@ def _write_jsonl(path: Path, rows: Sequence[dict[str, Any]]) -> None:
     """All rows or nothing: written beside ``path``, then moved over it."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                for r in rows:
-                    f.write(json.dumps(r, ensure_ascii=False) + "\n")
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_jsonl(path, rows)
     except OSError as exc:
         raise unwritable(path.parent, exc) from None

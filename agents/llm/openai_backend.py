@@ -3,11 +3,17 @@
 ``openai:<model>`` talks to api.openai.com; with ``base_url=`` to any compatible server.
 
 Endpoints: chat-message requests always use ``/chat/completions``. Completion-style ``prompt``
-requests use ``/completions`` when ``api="completions"`` (the default when ``base_url`` is
-given: vLLM and llama.cpp serve it, and it sends the prompt exactly) and ``/chat/completions``
-when ``api="chat"`` (the default for api.openai.com, whose current models are chat-only); there
-the prompt is wrapped as ``chat_format`` says (default ``"user"``, see :mod:`agents.llm.common`;
-``"prefill"`` adds vLLM's ``continue_final_message`` and ``add_generation_prompt=false``).
+requests use ``/completions`` when ``api="completions"`` and ``/chat/completions`` when
+``api="chat"``; there the prompt is wrapped as ``chat_format`` says (``"user"``, see
+:mod:`agents.llm.common`; ``"prefill"`` adds vLLM's ``continue_final_message`` and
+``add_generation_prompt=false``). ``api="auto"`` (the default) follows ``chat_format``:
+``"user"`` or ``"prefill"`` is the chat endpoint, ``"raw"`` the completions endpoint (the prompt
+sent exactly); without one, the completions endpoint when ``base_url`` is given (vLLM and
+llama.cpp serve it) and the chat endpoint with ``"user"`` for api.openai.com (whose current
+models are chat-only). A ``chat_format`` that contradicts ``api`` is a :class:`SpecError`, and
+so is a ``base_url`` server that answers a wrapped prompt with ``404`` (it has no chat endpoint):
+the prompt is never sent elsewhere than where the run's config says. ``describe()`` records the
+endpoint (``api``) and the ``chat_format`` of what was sent (``"raw"`` for completions).
 
 Requests of a batch are sent concurrently by a thread pool (``concurrency``, default 8). The
 SDK's own retries are off; :mod:`agents.llm.retry` retries timeouts, 429 (honouring
@@ -141,7 +147,7 @@ class OpenAIBackend:
         *,
         base_url: str | None = None,
         api: str = "auto",
-        chat_format: str = "user",
+        chat_format: str | None = None,
         chat_instruction: str = CONTINUE_INSTRUCTION,
         concurrency: int | str = 8,
         timeout: float | str = 60.0,
@@ -166,8 +172,7 @@ class OpenAIBackend:
         # the SDK would read OPENAI_BASE_URL itself; resolve it here so describe() tells the truth
         base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
         self.base_url = base_url
-        self.api = ("completions" if base_url else "chat") if api == "auto" else api
-        self.chat_format = check_chat_format(chat_format, allow_raw=False, backend=who)
+        self.api, self.chat_format = _endpoint(api, chat_format, base_url)
         self.chat_instruction = chat_instruction
         self.concurrency = opt_int(who, "concurrency", concurrency, 1)
         self.data_parallel_size = opt_int(who, "data_parallel_size", data_parallel_size, 1)
@@ -250,7 +255,10 @@ class OpenAIBackend:
     # -- generation ----------------------------------------------------------------------------
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
         indexed = list(enumerate(requests))
-        return concurrent_map(lambda item: self._one(*item), indexed, self._pool)
+        try:
+            return concurrent_map(lambda item: self._one(*item), indexed, self._pool)
+        except _NoChatEndpoint as exc:
+            raise SpecError(str(exc)) from None  # the run's config, not a request, is wrong
 
     def _payload(self, request: Request) -> tuple[str, dict[str, Any]]:
         c = request.config
@@ -305,7 +313,12 @@ class OpenAIBackend:
         )
 
         def call() -> Any:
-            response = create(**params)
+            try:
+                response = create(**params)
+            except Exception as exc:
+                if endpoint == "chat" and request.prompt is not None and _not_found(exc):
+                    raise _NoChatEndpoint(self._no_chat_endpoint(exc)) from None
+                raise
             return _parse(endpoint, response)
 
         start = time.perf_counter()
@@ -348,12 +361,50 @@ class OpenAIBackend:
             alternatives=tuple(cleaned[1:]),
         )
 
+    def _no_chat_endpoint(self, exc: BaseException) -> str:
+        said = self._scrub(str(getattr(exc, "message", exc)))[:200]
+        return (
+            f"{self.name}: the server at {safe_url(self.base_url)} answered 404 to "
+            f"/chat/completions ({said}): it has no chat endpoint for --chat-format "
+            f"{self.chat_format}; pass --chat-format raw (or none) to send prompts as text to "
+            "/completions"
+        )
+
     def close(self) -> None:
         """End the requests in flight at once (they fail with a BackendError that says the
         backend was closed) and release the connections; waits for nothing."""
         self._guard.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._client.close()
+
+
+class _NoChatEndpoint(BackendError):
+    """A wrapped prompt answered with 404: the server has no chat endpoint (not retried)."""
+
+
+def _not_found(exc: BaseException) -> bool:
+    return getattr(exc, "status_code", None) == 404 and hasattr(exc, "response")
+
+
+def _endpoint(api: str, chat_format: str | None, base_url: str | None) -> tuple[str, str]:
+    """The endpoint prompts go to, and how they are sent there (see the module docstring)."""
+    if chat_format is not None:
+        chat_format = check_chat_format(chat_format, allow_raw=True, backend="openai")
+    if api == "auto":
+        if chat_format is None:
+            return ("completions", "raw") if base_url else ("chat", "user")
+        return ("completions" if chat_format == "raw" else "chat"), chat_format
+    if api == "completions" and chat_format not in (None, "raw"):
+        raise SpecError(
+            f"openai: chat_format={chat_format!r} wraps prompts for the chat endpoint, but "
+            "api=completions sends them as text: drop one of them"
+        )
+    if api == "chat" and chat_format == "raw":
+        raise SpecError(
+            "openai: chat_format='raw' sends prompts as text to the completions endpoint, but "
+            "api=chat sends chat messages: drop one of them, or pass chat_format=user|prefill"
+        )
+    return api, ("raw" if api == "completions" else chat_format or "user")
 
 
 def _dialect(name: str, base_url: str | None, dialect: str | None) -> str | None:

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from experiments.files import write_text
 from experiments.store import open_reader
 from experiments.viewer.data import episode_detail, run_index
 from experiments.viewer.page import static_page
@@ -59,5 +60,5 @@ def write_static_page(
     data["plots"] = {name: _data_uri(p) for name, p in (plots or {}).items() if p.is_file()}
     data["comparison"] = list(comparison) if comparison else None
     title = "reflexsim report: " + ", ".join(labels)
-    path.write_text(static_page(title, data), encoding="utf-8")
+    write_text(path, static_page(title, data))
     return path

@@ -280,3 +280,54 @@ def test_flags_override_every_job_and_one_deadline_covers_the_matrix():
     )
     with pytest.raises(ConfigError, match="vllm: model"):
         matrix.job_config(preset, preset.jobs[0], {"model": "openai:x", "serve": True}, Path("o"))
+
+
+def _trials_played(job_dir: Path) -> dict[str, list[int]]:
+    from experiments.store import open_reader
+
+    with open_reader(job_dir) as reader:
+        played: dict[str, list[int]] = {}
+        for e in reader.episodes():
+            played.setdefault(e.game, []).append(e.trial)
+    return {game: sorted(trials) for game, trials in played.items()}
+
+
+def test_a_resumed_preset_plays_the_trials_and_budget_it_is_given_now(generated_games, tmp_path):
+    """``--resume MATRIX --trials 3`` of a preset run with 2 plays trial 2 of every job, as a
+    single run's resume does; a larger token budget goes on where the smaller one stopped."""
+    preset = tmp_path / "two.yaml"
+    preset.write_text(
+        "description: tasks the model never solves\n"
+        f"base: {{data: {generated_games}, split: {SPLIT}, games: 2, trials: 2, max_steps: 4,"
+        " model: 'scripted:ruled'}\n"
+        "jobs:\n"
+        "  - {name: react, agent: react}\n"
+        "  - {name: reflexion, agent: reflexion}\n"
+    )
+    run_dir = tmp_path / "m"
+    assert main(["run", "--config", str(preset), "--run-dir", str(run_dir)]) == 0
+    for job in ("react", "reflexion"):
+        assert set(map(tuple, _trials_played(run_dir / job).values())) == {(0, 1)}
+        assert matrix.job_status(run_dir / job) == "complete"
+
+    assert main(["run", "--resume", str(run_dir), "--trials", "3"]) == 0
+    state = json.loads((run_dir / "matrix.json").read_text())
+    assert state["flags"]["trials"] == 3
+    assert {n: j["status"] for n, j in state["jobs"].items()} == {
+        "react": "complete",
+        "reflexion": "complete",
+    }
+    for job in ("react", "reflexion"):
+        played = _trials_played(run_dir / job)
+        assert len(played) == 2 and set(map(tuple, played.values())) == {(0, 1, 2)}, (job, played)
+
+    # a budget that stops the first job part way; a resume with a larger one finishes it
+    budget_dir = tmp_path / "budget"
+    code = main(["run", "--config", str(preset), "--run-dir", str(budget_dir),
+                 "--budget-tokens", "50"])  # fmt: skip
+    assert code == 0
+    assert matrix.job_status(budget_dir / "react") == "stopped"
+    assert main(["run", "--resume", str(budget_dir), "--budget-tokens", "10000000"]) == 0
+    for job in ("react", "reflexion"):
+        assert matrix.job_status(budget_dir / job) == "complete"
+        assert set(map(tuple, _trials_played(budget_dir / job).values())) == {(0, 1)}

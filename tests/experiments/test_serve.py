@@ -180,18 +180,18 @@ def test_served_config_checks():
         check_serve(RunConfig.of(model="vllm:m", serve=True, reflect_model="vllm:other"))
     cfg = served_config(RunConfig.of(model="vllm:m", serve=True, serve_port=8123), 8123)
     assert cfg.models.base_url == "http://127.0.0.1:8123/v1"
-    assert cfg.models.backend_options["api"] == "completions"
     # the retry window outlasts a restart: about ten minutes of backoff
     waits = [min(2.0**i, cfg.models.backend_options["backoff_max"]) for i in range(24)]
     assert sum(waits[: cfg.models.backend_options["max_retries"]]) >= 600
-    # a chat format that wraps prompts goes to the chat endpoint; raw is the completions text
-    for chat_format, api in (("user", "chat"), ("prefill", "chat"), ("raw", "completions")):
+    # prompts go to the completions endpoint as text, as in process; a chat format that wraps
+    # them goes to the chat endpoint; raw is the completions text
+    formats = ((None, "completions", "raw"), ("user", "chat", "user"),
+               ("prefill", "chat", "prefill"), ("raw", "completions", "raw"))  # fmt: skip
+    for chat_format, api, sent in formats:
         given = RunConfig.of(model="vllm:m", serve=True, chat_format=chat_format)
         served = served_config(given, 8123)
-        assert served.models.backend_options["api"] == api
-        assert served.models.chat_format == (None if chat_format == "raw" else chat_format)
         backend = make_backend(served.models.model, **backend_options(served))
-        assert (backend.api, backend.chat_format) == (api, chat_format.replace("raw", "user"))
+        assert (backend.api, backend.chat_format) == (api, sent)
         backend.close()
 
 

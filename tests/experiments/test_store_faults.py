@@ -18,7 +18,7 @@ import pytest
 from experiments.errors import StoreDamagedError, StoreFullError
 from experiments.store import DB_NAME, RunStore, open_reader
 from tests.experiments.test_runner import SPLIT, snapshot, steps_written
-from tests.support.runfactory import make_run, standard_tasks, task
+from tests.support.runfactory import make_run, many_tasks
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 PAGE = 4096
@@ -61,12 +61,7 @@ def _truncate(path: Path) -> None:
 @pytest.fixture(scope="module")
 def big_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A run store of many pages (the standard tasks, each played by many games)."""
-    tasks = [
-        task(t.task_type, 10 * i + n, *t.outcomes)
-        for i in range(8)
-        for n, t in enumerate(standard_tasks())
-    ]
-    return make_run(tmp_path_factory.mktemp("stores") / "run", tasks)
+    return make_run(tmp_path_factory.mktemp("stores") / "run", many_tasks(8))
 
 
 @pytest.mark.parametrize(

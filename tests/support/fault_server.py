@@ -21,6 +21,10 @@ whatever order concurrent requests arrive in. Kinds:
 ``trickle`` and ``endless`` are never picked by default (they hold a request until the client
 gives up): name them in ``kinds``.
 
+``routes`` names the endpoints the server has (default all three: ``ROUTES``); a POST to
+another is ``404`` (a server with no chat endpoint: ``routes=("/completions",)``). Every POST's
+path is recorded (:attr:`FaultServer.paths`), routed or not.
+
 A request with a wrong key (see ``api_key``) is recorded as fault ``401``. With
 ``context_words``, a prompt of more words than that gets OpenAI's ``400``
 ``context_length_exceeded`` error (fault ``context``), its word count in the message.
@@ -52,6 +56,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+ROUTES = ("/chat/completions", "/completions", "/messages")
 FAULT_KINDS = ("timeout", "429", "500", "reset", "malformed")
 ALL_FAULT_KINDS = (*FAULT_KINDS, "503", "drop", "trickle", "endless")
 
@@ -124,6 +129,7 @@ class _State:
     plan: FaultPlan
     answer: Callable[[str], str]
     api_key: str | None
+    routes: tuple[str, ...] = ROUTES
     lock: threading.Lock = field(default_factory=threading.Lock)
     attempts: Counter[str] = field(default_factory=Counter)
     faults_of: Counter[str] = field(default_factory=Counter)
@@ -131,6 +137,7 @@ class _State:
     keys_seen: list[str] = field(default_factory=list)
     bodies: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)
 
 
 def _unit(seed: int, key: str, attempt: int, salt: str) -> float:
@@ -172,11 +179,10 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length)
         path = self.path.split("?")[0].rstrip("/")
-        route = next(
-            (r for r in ("/chat/completions", "/completions", "/messages") if path.endswith(r)),
-            None,
-        )
-        if route is None:
+        with state.lock:
+            state.paths.append(path)
+        route = next((r for r in ROUTES if path.endswith(r)), None)
+        if route is None or route not in state.routes:
             self._send(404, {"error": {"message": f"no route {self.path}"}})
             return
         try:
@@ -426,12 +432,15 @@ class FaultServer:
         *,
         answer: Callable[[str], str] = echo_answer,
         api_key: str | None = None,
+        routes: tuple[str, ...] = ROUTES,
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
         self.plan = plan or FaultPlan()
         self._httpd = _Server((host, port), _Handler)
-        self._httpd.state = _State(plan=self.plan, answer=answer, api_key=api_key)
+        self._httpd.state = _State(
+            plan=self.plan, answer=answer, api_key=api_key, routes=tuple(routes)
+        )
         self._thread: threading.Thread | None = None
 
     @property
@@ -480,6 +489,12 @@ class FaultServer:
     def bodies(self) -> list[dict[str, Any]]:
         with self._httpd.state.lock:
             return list(self._httpd.state.bodies)
+
+    @property
+    def paths(self) -> list[str]:
+        """The path of every POST, in arrival order (``/v1/chat/completions``, ...)."""
+        with self._httpd.state.lock:
+            return list(self._httpd.state.paths)
 
     @property
     def headers(self) -> list[dict[str, str]]:

@@ -221,6 +221,15 @@ def standard_tasks() -> list[TaskPlan]:
     ]
 
 
+def many_tasks(copies: int) -> list[TaskPlan]:
+    """The standard tasks, each played by ``copies`` games (a store of many pages)."""
+    return [
+        task(t.task_type, 10 * i + n, *t.outcomes)
+        for i in range(copies)
+        for n, t in enumerate(standard_tasks())
+    ]
+
+
 def baseline_tasks() -> list[TaskPlan]:
     """The same tasks as a weaker arm: solved at trial 0 and at trial 1 only."""
     return [
