@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from agents.llm.redaction import redact
 from experiments.errors import ConfigError, RunStoreError, Terminated, is_disk_full
 from experiments.terminal import EscapingFormatter, escape_controls
 
@@ -67,7 +68,7 @@ def _run(args: argparse.Namespace) -> int:
         args.config = str(preset.path)  # a preset's bare name
     cfg = resolve(args, recorded_config(args.resume) if args.resume else None)
     if args.dry_run:
-        print(json.dumps(matrix.plan_job(cfg), indent=1, default=str))
+        print(json.dumps(redact(matrix.plan_job(cfg)), indent=1, default=str))
         return 0
     session = RunSession(cfg, resume=args.resume, force=args.force)
     run_dir = session.run(ConsoleProgress(verbose=args.verbose))
@@ -208,7 +209,8 @@ def _run_matrix(args: argparse.Namespace, preset: Any) -> int:
             preset = matrix.preset_from_dict(state["preset"])
             flags = {**state.get("flags", {}), **flags}
         run_dir = Path(args.resume or args.run_dir) if (args.resume or args.run_dir) else None
-        print(json.dumps(matrix.plan_matrix(preset, flags, run_dir), indent=1, default=str))
+        plan = matrix.plan_matrix(preset, flags, run_dir)
+        print(json.dumps(redact(plan), indent=1, default=str))
         return 0
     if args.resume:
         result = matrix.run_matrix(None, flags, Path(args.resume), resume=True, force=args.force)
@@ -431,7 +433,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _stdout_closed()
     except Exception as exc:  # user-facing errors become one line; bugs keep their traceback
         if _is_user_error(exc):
-            message = escape_controls(str(exc))
+            message = escape_controls(redact(str(exc)))
             if is_disk_full(exc):
                 message = f"the disk is full ({message}): free space, then run it again"
             print(f"reflexsim: error: {message}", file=sys.stderr)

@@ -65,9 +65,10 @@ from pathlib import Path
 from typing import Any
 
 from agents.llm.base import MissingDependencyError
+from agents.llm.redaction import redact
 from agents.llm.specs import parse_spec
 from agents.llm.vllm_backend import SERVE_COMMAND
-from experiments.config import RunConfig, from_mapping, public_value
+from experiments.config import RunConfig, from_mapping
 from experiments.errors import ConfigError
 from experiments.ray_session import alive_nodes, check_fits, gpu_options, model_gpus, session
 
@@ -141,12 +142,13 @@ def check_serve(cfg: RunConfig) -> None:
     if cfg.models.base_url and cfg.models.base_url.rstrip("/") != expected:
         raise ConfigError(
             f"--serve points the run at its own server ({expected}): drop --base-url "
-            f"{public_value(cfg.models.base_url)!r}, or drop --serve to use that server"
+            f"{redact(cfg.models.base_url)!r}, or drop --serve to use that server"
         )
     template = serve_template(cfg)
     if "{port}" not in template:
         raise ConfigError(
-            f"serve-command {template!r} must pass the port as {{port}} (e.g. --port {{port}})"
+            f"serve-command {redact(template)!r} must pass the port as {{port}} "
+            "(e.g. --port {port})"
         )
     server_argv(template, served_model(cfg), HOST, cfg.server.serve_port)
 
@@ -175,7 +177,7 @@ def server_argv(template: str, model: str, host: str, port: int) -> tuple[str, .
     try:
         words = shlex.split(template)
     except ValueError as exc:
-        raise ConfigError(f"serve-command {template!r} cannot be split: {exc}") from None
+        raise ConfigError(f"serve-command {redact(template)!r} cannot be split: {exc}") from None
     if not words:
         raise ConfigError("serve-command is empty: give a command such as vllm serve {model} ...")
     values = {"{model}": model, "{host}": host, "{port}": str(port), "{python}": sys.executable}
@@ -312,11 +314,18 @@ def process_start(pid: int) -> int | None:
 
 
 def _server_env(extra: dict[str, str]) -> dict[str, str]:
-    """The part of a server's environment that changes what it computes."""
+    """The part of a server's environment that changes what it computes, as its pid file records
+    it (without a key: ``VLLM_API_KEY``)."""
     env = {**os.environ, **extra}
-    return {
-        k: v for k, v in sorted(env.items()) if k.startswith("VLLM_") or k == "CUDA_VISIBLE_DEVICES"
-    }
+    return dict(
+        redact(
+            {
+                k: v
+                for k, v in sorted(env.items())
+                if k.startswith("VLLM_") or k == "CUDA_VISIBLE_DEVICES"
+            }
+        )
+    )
 
 
 class _LeftServer:
@@ -410,9 +419,9 @@ class ModelServer:
 
     # -- internals -----------------------------------------------------------------------------
     def _note(self, event: str, **details: Any) -> None:
-        record = {"t": time.time(), "event": event, **details}
+        record = redact({"t": time.time(), "event": event, **details})
         self.events.append(record)
-        text = " ".join(f"{k}={v}" for k, v in details.items())
+        text = redact(" ".join(f"{k}={v}" for k, v in details.items()))
         log.info("server %s %s", event, text)
         if self._log is not None:
             try:
@@ -468,7 +477,7 @@ class ModelServer:
             alive = _cmdline(pid) == tuple(info.get("argv", ()))
         if not alive:
             return None, False
-        same = info.get("argv") == list(s.argv) and info.get("env") == _server_env(s.env)
+        same = info.get("argv") == redact(list(s.argv)) and info.get("env") == _server_env(s.env)
         return _LeftServer(pid, started), same
 
     def _ready_now(self) -> bool:
@@ -494,7 +503,7 @@ class ModelServer:
         except OSError as exc:
             raise ServeError(f"cannot start {s.argv[0]!r}: {exc.strerror or exc}") from None
         pid = self._proc.pid
-        record = {"pid": pid, "started": process_start(pid), "argv": list(s.argv)}
+        record = {"pid": pid, "started": process_start(pid), "argv": redact(list(s.argv))}
         s.pid_path.write_text(json.dumps({**record, "env": _server_env(s.env)}) + "\n")
 
     def _wait_ready(self, proc: subprocess.Popen[bytes] | _LeftServer) -> None:

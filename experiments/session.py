@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.experience import Experience
+from agents.llm.redaction import redact
 from experiments.arming import (
     check_device_share,
     check_prompts_file,
@@ -291,7 +292,7 @@ class RunSession:
         self._set_meta(
             "server",
             {
-                "command": list(server.settings.argv),
+                "command": redact(list(server.settings.argv)),
                 "url": server.url,
                 "log": str(server.settings.log_path),
                 "restarts": server.restarts,
