@@ -712,9 +712,17 @@ class _KeyValue(argparse.Action):
 
         key, sep, raw = str(values).partition("=")
         if not sep or not key:
-            parser.error(f"{option_string} takes KEY=VALUE, got {values!r}")
+            parser.error(f"{option_string} takes KEY=VALUE, got {redact(str(values))!r}")
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            where = str(exc).splitlines()[0]
+            raise ConfigError(
+                f"{option_string} {key.strip()}: the value is not valid YAML ({where}): quote "
+                f"it as text ({option_string} '{key.strip()}=\"...\"') or fix the brackets"
+            ) from None
         current = dict(getattr(namespace, self.dest) or {})
-        current[key.strip()] = yaml.safe_load(raw)
+        current[key.strip()] = value
         setattr(namespace, self.dest, current)
 
 
