@@ -71,12 +71,25 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps(redact(matrix.plan_job(cfg)), indent=1, default=str))
         return 0
     session = RunSession(cfg, resume=args.resume, force=args.force)
-    run_dir = session.run(ConsoleProgress(verbose=args.verbose))
+    try:
+        run_dir = session.run(ConsoleProgress(verbose=args.verbose))
+    except KeyboardInterrupt as exc:
+        exc.add_note(_what_is_left(session.run_dir))
+        raise
     report = _write_report_if_available(run_dir)
     print(f"run: {run_dir}")
     if report is not None:
         print(f"report: {report}")
     return _run_outcome(run_dir)
+
+
+def _what_is_left(run_dir: Path) -> str:
+    """What an interrupted run's line says: how to go on, when anything was kept."""
+    from experiments.store import DB_NAME  # lazily: the CLI imports only what the command runs
+
+    if (run_dir / DB_NAME).is_file():
+        return f"what was played is kept; --resume {run_dir} plays the rest"
+    return "before the run began (nothing was played or kept): run the same command again"
 
 
 def _run_outcome(run_dir: Path) -> int:
@@ -290,8 +303,8 @@ def _view(args: argparse.Namespace) -> int:
     from experiments.viewer import serve
 
     server = serve(Path(args.run_dir), host=args.host, port=args.port)
-    print(f"serving {args.run_dir} at {server.url} (Ctrl-C to stop)", flush=True)
     try:
+        print(f"serving {args.run_dir} at {server.url} (Ctrl-C to stop)", flush=True)
         while True:
             time.sleep(3600)
     except KeyboardInterrupt as exc:  # how a viewer is stopped: nothing to resume, no message
@@ -436,7 +449,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt as exc:
         code = Terminated.exit_code if terminated or isinstance(exc, Terminated) else INTERRUPTED
         name = "SIGTERM" if code == Terminated.exit_code else "SIGINT"
-        _say(f"interrupted ({name}): what was played is kept; --resume <run dir> plays the rest")
+        notes = getattr(exc, "__notes__", None)  # the command's own word on what is left
+        left = notes[-1] if notes else "what was played is kept; --resume <run dir> plays the rest"
+        _say(f"interrupted ({name}): {left}")
         return code
     except BrokenPipeError:
         return _output_closed()

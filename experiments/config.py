@@ -273,6 +273,13 @@ class GamesConfig:
         1, "games per task type when generating the default game set", minimum=1, check=_per_type
     )
 
+    def __post_init__(self) -> None:
+        if self.env == "textworld" and self.task_types:
+            raise ConfigError(
+                f"--task-types {' '.join(self.task_types)} picks ALFWorld task types; "
+                "--env textworld games have none: drop --task-types (or pick games with --game)"
+            )
+
 
 @dataclass(frozen=True)
 class ExecutionConfig:

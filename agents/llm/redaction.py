@@ -45,11 +45,13 @@ _USERINFO = re.compile(r"(?<![\w.-])[^\s/@,'\"=]+:[^\s/@,'\"]*@(?=[\w\[])")
 _ROOTS = ("key", "token", "secret", "pass", "auth", "credential", "bearer", "cookie")
 _HINT = re.compile(
     r"(?:key|token|secrets?|password|passwd|passphrase|auth|authorization|credentials?|bearer"
-    r"|cookie)(?![a-z])[\w.-]*[\"']?(?=\s*[=:]|\s)"
+    r"|cookie)(?![a-z])[\w.-]*[\"']?(?=\s*[=:,]|\s)"
 )
+# the separator (``,`` between the words of a printed list: ``['--api-key', 'KEY']``) and the
+# value: a word, a quoted text, or a list (``'api_key': ['KEY']``, as vLLM prints its arguments)
 _VALUE = re.compile(
-    r"[\"']?(?P<sep>\s*[=:]\s*|\s+)"
-    r"(?P<value>(?:(?i:bearer|basic|token)\s+)?(?:\"[^\"]*\"|'[^']*'|[^\s,;&'\"{}\[\]]+))"
+    r"[\"']?(?P<sep>\s*[=:]\s*|\s*,\s*|\s+)(?P<value>(?:(?i:bearer|basic|token)\s+)?"
+    r"(?:\"[^\"]*\"|'[^']*'|\[[^\]]*\]|[^\s,;&'\"{}\[\]]+))"
 )
 _NAME_CHAR = re.compile(r"[\w.-]")
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
@@ -139,5 +141,8 @@ def _bare_url(m: re.Match[str]) -> str:
 def _holds_secret(name: str, m: re.Match[str]) -> bool:
     if not secret_name(name.lstrip("-")):
         return False
-    # ``word value`` is prose, and ``--flag --other`` has no value
-    return bool(m["sep"].strip()) or (name.startswith("-") and not m["value"].startswith("-"))
+    if m["sep"].strip() in ("=", ":"):
+        return True
+    # after a space or a comma only an option's value: ``word value`` is prose, and ``--flag
+    # --other`` has no value
+    return name.startswith("-") and not m["value"].strip("'\"").startswith("-")

@@ -15,8 +15,11 @@ import select
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -147,6 +150,7 @@ RUN_CASES: list[Case] = [
     ("instruction-file-fifo", _fifo("--instruction-file"), "not a regular file"),
     ("prompts-fifo", _fifo("--prompts"), "not a regular file"),
     ("config-fifo", _fifo("--config"), "neither a file nor a preset"),
+    ("textworld-task-types", _flags("--env", "textworld", "--task-types", "put"), "ALFWorld task"),
 ]
 
 
@@ -384,6 +388,146 @@ def test_a_viewer_whose_reader_went_away_ends_quietly_on_ctrl_c(a_run):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_ctrl_c_on_the_viewer_ends_it_quietly(a_run):
+    """Ctrl-C is how a viewer stops: exit 130, and no run's resume message (nothing to resume)."""
+    proc = _viewer(a_run, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert b"serving" in _first_line(proc)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 130, err
+    assert b"resume" not in err and b"Traceback" not in err, err
+
+
+# -- a refused run leaves its folder as it found it --------------------------------------------
+def test_extract_of_a_folder_without_a_run_makes_nothing_there(tmp_path, capsys):
+    missing = tmp_path / "no" / "such"
+    code = main(["extract", str(missing), "--model", "scripted:expert"])
+    _one_error_line(code, capsys.readouterr().err, "not a run directory")
+    assert not (tmp_path / "no").exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code = main(["extract", str(empty), "--model", "scripted:expert"])
+    _one_error_line(code, capsys.readouterr().err, "not a run directory")
+    assert list(empty.iterdir()) == []  # no run.lock
+
+
+def _taken_port() -> tuple[socket.socket, int]:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    return s, int(s.getsockname()[1])
+
+
+# (id, the server command, what the error line names, what the log it names holds)
+SERVE_FAILURES = [
+    ("program-not-found", "no-such-server-program --port {port}", "not found on PATH", None),
+    (
+        "exits",
+        "{python} -c \"import sys; print('out of memory (pretend)'); sys.exit(3)\" {port}",
+        "exited with code 3 before it was ready",
+        "out of memory (pretend)",
+    ),
+    (
+        "never-healthy",
+        "{python} -c \"import time; print('loading (pretend)', flush=True); time.sleep(600)\" {port}",
+        "was not ready after 2s",
+        "loading (pretend)",
+    ),
+    ("port-in-use", "{python} -c pass {port}", "in use by another program", None),
+]
+
+
+@pytest.mark.parametrize(
+    ("command", "needle", "logged"), [f[1:] for f in SERVE_FAILURES], ids=[f[0] for f in SERVE_FAILURES]
+)  # fmt: skip
+@pytest.mark.parametrize("existing", [False, True], ids=["new-folder", "empty-folder"])
+def test_a_server_that_does_not_start_leaves_the_run_folder_as_found(
+    command, needle, logged, existing, generated_games, tmp_path, capsys
+):
+    """No run.lock, server.log or server.pid stays: a folder the run made goes, an existing one
+    is left empty; a server log with something in it is moved out, and the error names it."""
+    run_dir = tmp_path / "run"
+    if existing:
+        run_dir.mkdir()
+    taken, port = _taken_port()
+    if not needle.startswith("in use"):
+        taken.close()  # free again: the server's port
+    try:
+        code = main([
+            *_base(generated_games, run_dir), "--model", "vllm:fault-model", "--serve",
+            "--serve-command", command, "--serve-port", str(port), "--serve-timeout-s", "2",
+        ])  # fmt: skip
+    finally:
+        taken.close()
+    line = capsys.readouterr().err
+    _one_error_line(code, line, needle)
+    assert (list(run_dir.iterdir()) == []) if existing else not run_dir.exists()
+    if logged is not None:
+        log = Path(line.split("; see ")[-1].strip())
+        assert log.parent == Path(tempfile.gettempdir()), line
+        assert logged in log.read_text()
+        log.unlink()
+
+
+def test_an_experience_source_that_cannot_be_locked_leaves_the_run_folder_as_found(
+    train_games, generated_games, tmp_path, capsys
+):
+    """The extract phase locks the gathering run to keep its rules there; where it cannot (a
+    read-only mount; here its lock file's place is taken by a folder), the run is refused in one
+    line and its own folder is gone again."""
+    from tests.experiments.test_experience_phases import HEAT, gather
+
+    source = gather(train_games, tmp_path, trials=2)
+    (source / "run.lock").unlink()
+    (source / "run.lock").mkdir()
+    run_dir = tmp_path / "eval"
+    code = main([
+        *_base(generated_games, run_dir), "--model", "scripted:learner", "--agent", "insights",
+        "--experience-from", str(source), "--task-types", *HEAT, "--max-steps", "8",
+    ])  # fmt: skip
+    _one_error_line(code, capsys.readouterr().err, "use a folder you can write to")
+    assert not run_dir.exists()
+
+
+def test_sigterm_in_the_extract_phase_says_what_to_run_and_leaves_nothing(
+    train_games, generated_games, tmp_path
+):
+    """SIGTERM while the rules are being made (the reflector's answer never comes): exit 143,
+    and the line says to run the command again (no --resume: the folder holds no store, and is
+    gone)."""
+    from tests.experiments.test_experience_phases import HEAT, gather
+    from tests.support.fault_server import FaultPlan, FaultServer
+
+    source = gather(train_games, tmp_path, trials=2)
+    run_dir = tmp_path / "eval"
+    with FaultServer(FaultPlan(delay=lambda text: 600.0)) as server:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "experiments.cli", *_base(generated_games, run_dir),
+             "--model", "scripted:learner", "--agent", "insights", "--experience-from",
+             str(source), "--task-types", *HEAT, "--reflect-model", "openai:test",
+             "--role-option", f"reflect.base_url={server.url}"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 120  # a hang guard: the first request comes in seconds
+            while not server.events and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert server.events, proc.communicate(timeout=60)[1][-3000:]
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=120)
+        finally:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143, err[-3000:]
+    assert "Traceback" not in err and "--resume" not in err, err[-3000:]
+    assert "interrupted (SIGTERM): before the run began" in err and "run the same command" in err
+    assert not run_dir.exists()
 
 
 @pytest.mark.parametrize(

@@ -202,10 +202,14 @@ def test_redact_covers_every_form_of_a_key() -> None:
         f"vllm serve m --port --token={key}": f"vllm serve m --port --token={REDACTED}",
         f'extra_body={{"api_key": "{key}"}}': f'extra_body={{"api_key": {REDACTED}}}',
         f"-H 'Authorization: Bearer {key}'": f"-H 'Authorization: {REDACTED}'",
+        # a server printing its arguments: a list (argv), a dict (vLLM's non-default args)
+        f"args: ['8', '--api-key', '{key}', '--port']": f"args: ['8', '--api-key', {REDACTED}, '--port']",
+        f"{{'api_key': ['{key}'], 'port': 8}}": f"{{'api_key': {REDACTED}, 'port': 8}}",
     }  # fmt: skip
     for text, expected in texts.items():
         assert redact(text) == expected, text
-    for kept in ("max_tokens: 7, model: openai:x", "/runs/exp@v2/run", "{python} s.py {port}"):
+    for kept in ("max_tokens: 7, model: openai:x", "/runs/exp@v2/run", "{python} s.py {port}",
+                 "api_key, max_tokens", "['--api-key', '--port', '8']"):  # fmt: skip
         assert redact(kept) == kept
     assert redact(["serve", "--api-key", key, "--port", "8", "--password", "--x"]) == [
         "serve", "--api-key", REDACTED, "--port", "8", "--password", "--x",
