@@ -1,12 +1,12 @@
-"""``python -m experiments.logpipe LOG -- COMMAND...``: run a command with its output (stdout and
-stderr) appended to ``LOG`` line by line through the redaction pass
-(:func:`agents.llm.redaction.redact`). A model server runs under it: what the server prints of
-its own arguments (``vllm serve`` logs every non-default one, ``--api-key`` included) reaches
-its log without the key.
+"""A model server's output into its log through the redaction pass: ``main([LOG, "--",
+*COMMAND])`` runs the command with its stdout and stderr appended to ``LOG`` line by line through
+:func:`agents.llm.redaction.redact`, so that what a server prints of its own arguments (``vllm
+serve`` logs every non-default one, ``--api-key`` included) reaches its log without the key.
 
-It runs in the server's process group (one signal stops both), ignores SIGINT and SIGTERM so
-that it writes the server's last lines, ends when the server's output does, and exits as the
-server did (its code, or the signal that ended it).
+:data:`experiments.serve.LOG_PIPE` starts it as a process of its own, the server's parent in the
+server's process group (one signal stops both). It ignores SIGINT and SIGTERM so that it writes
+the server's last lines, ends when the server's output does, and exits as the server did (its
+code, or the signal that ended it).
 """
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 
 from agents.llm.redaction import redact
 
 
 def main(argv: list[str]) -> int:
+    """Run ``argv[2:]`` with its output into the log ``argv[0]`` (``argv[1]`` is ``--``);
+    returns its exit code."""
     if len(argv) < 3 or argv[1] != "--":
-        print("usage: python -m experiments.logpipe LOG -- COMMAND...", file=sys.stderr)
-        return 2
+        raise ValueError("logpipe takes LOG -- COMMAND...")
     log_path, command = argv[0], argv[2:]
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)  # the server gets it too; its output is still read
@@ -52,7 +52,3 @@ def main(argv: list[str]) -> int:
 def _default_signals() -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_DFL)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
