@@ -142,6 +142,7 @@ class RunSession:
         self.experience: Experience | None = None  # other games' experience the run shows
         self._checked = False
         self._found: set[str] | None = None  # a new run's directory before it: None, none
+        self._made: list[Path] = []  # the folders a new run makes (its own and missing parents)
 
     @classmethod
     def job(cls, cfg: RunConfig, force: bool = False) -> RunSession:
@@ -178,6 +179,7 @@ class RunSession:
             refuse_existing(self.run_dir)
             if self.run_dir.is_dir():
                 self._found = {p.name for p in self.run_dir.iterdir()}
+            self._made = [d for d in (self.run_dir, *self.run_dir.parents) if not d.exists()]
         self._checked = True
 
     def run(self, progress: Progress | None = None) -> Path:
@@ -220,11 +222,11 @@ class RunSession:
                     exc.log = _keep_elsewhere(path)
                 else:
                     path.unlink(missing_ok=True)
-        if self._found is None:
+        for made in self._made:  # innermost first; one with anything else in it stays
             try:
-                self.run_dir.rmdir()  # made by this run; kept if anything else is in it
+                made.rmdir()
             except OSError:
-                pass
+                break
 
     # -- new or resumed ------------------------------------------------------------------------
     def _claim(self) -> None:

@@ -450,11 +450,11 @@ SERVE_FAILURES = [
 def test_a_server_that_does_not_start_leaves_the_run_folder_as_found(
     command, needle, logged, existing, generated_games, tmp_path, capsys
 ):
-    """No run.lock, server.log or server.pid stays: a folder the run made goes, an existing one
+    """No run.lock, server.log or server.pid stays: the folders the run made go, an existing one
     is left empty; a server log with something in it is moved out, and the error names it."""
-    run_dir = tmp_path / "run"
+    run_dir = tmp_path / "runs" / "run"
     if existing:
-        run_dir.mkdir()
+        run_dir.mkdir(parents=True)
     taken, port = _taken_port()
     if not needle.startswith("in use"):
         taken.close()  # free again: the server's port
@@ -467,7 +467,7 @@ def test_a_server_that_does_not_start_leaves_the_run_folder_as_found(
         taken.close()
     line = capsys.readouterr().err
     _one_error_line(code, line, needle)
-    assert (list(run_dir.iterdir()) == []) if existing else not run_dir.exists()
+    assert (list(run_dir.iterdir()) == []) if existing else not (tmp_path / "runs").exists()
     if logged is not None:
         log = Path(line.split("; see ")[-1].strip())
         assert log.parent == Path(tempfile.gettempdir()), line
