@@ -141,7 +141,7 @@ class RunSession:
         self._games: GameSet | None = None
         self.experience: Experience | None = None  # other games' experience the run shows
         self._checked = False
-        self._found: set[str] | None = None  # a new run's directory before it: None, none
+        self._found: set[str] | None = None  # what a new run's folder held (None: no folder)
         self._made: list[Path] = []  # the folders a new run makes (its own and missing parents)
 
     @classmethod
