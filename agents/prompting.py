@@ -7,9 +7,12 @@ reuses nearly all of it from one step to the next.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import os
 import re
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -102,6 +105,27 @@ class PromptFileError(ValueError):
     """A ``--prompts`` file that cannot be used; the message names the file and the fix."""
 
 
+class NotAFileError(OSError):
+    """A path the user named that is no regular file (a FIFO, a socket, a device)."""
+
+
+def read_user_text(path: str | Path) -> str:
+    """The UTF-8 text of a file the user named. Only a regular file (or a folder, whose read
+    raises IsADirectoryError) is opened: a FIFO or a device would wait for a writer, or never
+    end; it raises :class:`NotAFileError` naming the path."""
+    try:
+        mode: int | None = os.stat(path).st_mode
+    except OSError:
+        mode = None  # the read below raises what says why (missing, not allowed)
+    if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise NotAFileError(
+            errno.EINVAL,
+            "not a regular file (a pipe, a socket or a device): pass a file",
+            str(path),
+        )
+    return Path(path).read_text(encoding="utf-8")
+
+
 def example_texts(task_type: str, prompts_file: str | Path | None = None) -> tuple[str, str]:
     """The two example transcripts for a task type, from the package or an original prompt file."""
     if prompts_file is not None:
@@ -136,7 +160,7 @@ def load_original_prompts(
     """
     where = f"prompt file {str(path)!r}"
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = json.loads(read_user_text(path))
     except FileNotFoundError:
         raise PromptFileError(f"{where} does not exist: pass the path of {_FORMAT}") from None
     except IsADirectoryError:

@@ -35,7 +35,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from agents.prompting import PromptFileError, load_original_prompts
+from agents.prompting import PromptFileError, load_original_prompts, read_user_text
 
 CODE_PROTOCOL = "reflexion-code"  # the --protocol value of this protocol
 SHORT_OUTPUT = 5  # an output shorter than this (stripped) is asked again
@@ -58,11 +58,10 @@ def layout_text() -> str:
 def read_wording(path: str | Path, role: str) -> str:
     """A wording file's text (``role`` names it in the one-line error)."""
     try:
-        return Path(path).read_text(encoding="utf-8")
+        return read_user_text(path)
     except (OSError, UnicodeDecodeError) as exc:
-        raise PromptFileError(
-            f"cannot read the {role} {str(path)!r}: {exc.__class__.__name__}"
-        ) from None
+        why = getattr(exc, "strerror", None) or exc.__class__.__name__
+        raise PromptFileError(f"cannot read the {role} {str(path)!r}: {why}") from None
 
 
 @dataclass(frozen=True)

@@ -145,8 +145,8 @@ def _read_task_type(trial_dir: Path) -> str | None:
     if traj.is_file():
         try:
             value = json.loads(traj.read_text()).get("task_type")
-            if value in TASK_TYPES:
-                return str(value)
+            if isinstance(value, str) and value in TASK_TYPES:
+                return value
         except (OSError, ValueError, AttributeError):
             pass
     return task_type_from_name(trial_dir.parent.name)

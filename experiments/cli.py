@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from agents.llm.redaction import redact
 from experiments.errors import ConfigError, RunStoreError, Terminated, is_disk_full
 from experiments.terminal import EscapingFormatter, escape_controls
 
@@ -67,15 +68,28 @@ def _run(args: argparse.Namespace) -> int:
         args.config = str(preset.path)  # a preset's bare name
     cfg = resolve(args, recorded_config(args.resume) if args.resume else None)
     if args.dry_run:
-        print(json.dumps(matrix.plan_job(cfg), indent=1, default=str))
+        print(json.dumps(redact(matrix.plan_job(cfg)), indent=1, default=str))
         return 0
     session = RunSession(cfg, resume=args.resume, force=args.force)
-    run_dir = session.run(ConsoleProgress(verbose=args.verbose))
+    try:
+        run_dir = session.run(ConsoleProgress(verbose=args.verbose))
+    except KeyboardInterrupt as exc:
+        exc.add_note(_what_is_left(session.run_dir))
+        raise
     report = _write_report_if_available(run_dir)
     print(f"run: {run_dir}")
     if report is not None:
         print(f"report: {report}")
     return _run_outcome(run_dir)
+
+
+def _what_is_left(run_dir: Path) -> str:
+    """What an interrupted run's line says: how to go on, when anything was kept."""
+    from experiments.store import DB_NAME  # lazily: the CLI imports only what the command runs
+
+    if (run_dir / DB_NAME).is_file():
+        return f"what was played is kept; --resume {run_dir} plays the rest"
+    return "before the run began (nothing was played or kept): run the same command again"
 
 
 def _run_outcome(run_dir: Path) -> int:
@@ -208,7 +222,8 @@ def _run_matrix(args: argparse.Namespace, preset: Any) -> int:
             preset = matrix.preset_from_dict(state["preset"])
             flags = {**state.get("flags", {}), **flags}
         run_dir = Path(args.resume or args.run_dir) if (args.resume or args.run_dir) else None
-        print(json.dumps(matrix.plan_matrix(preset, flags, run_dir), indent=1, default=str))
+        plan = matrix.plan_matrix(preset, flags, run_dir)
+        print(json.dumps(redact(plan), indent=1, default=str))
         return 0
     if args.resume:
         result = matrix.run_matrix(None, flags, Path(args.resume), resume=True, force=args.force)
@@ -252,7 +267,16 @@ def _report(args: argparse.Namespace) -> int:
     # lazily: the CLI imports only what the chosen command runs
     from experiments.report import write_report
 
-    out = write_report([Path(d) for d in args.run_dirs], Path(args.out) if args.out else None)
+    try:
+        out = write_report([Path(d) for d in args.run_dirs], Path(args.out) if args.out else None)
+    except OSError as exc:
+        if is_disk_full(exc) or exc.filename is None:
+            raise
+        # a run on a read-only mount, a file in the way: say where, and where else to write
+        raise RunStoreError(
+            f"cannot write the report: {exc.filename} ({exc.strerror}): pass --out DIR, a "
+            "folder you can write to"
+        ) from None
     print(out)
     return 0
 
@@ -279,10 +303,12 @@ def _view(args: argparse.Namespace) -> int:
     from experiments.viewer import serve
 
     server = serve(Path(args.run_dir), host=args.host, port=args.port)
-    print(f"serving {args.run_dir} at {server.url} (Ctrl-C to stop)")
     try:
+        print(f"serving {args.run_dir} at {server.url} (Ctrl-C to stop)", flush=True)
         while True:
             time.sleep(3600)
+    except KeyboardInterrupt as exc:  # how a viewer is stopped: nothing to resume, no message
+        return Terminated.exit_code if isinstance(exc, Terminated) else INTERRUPTED
     finally:
         server.shutdown()
 
@@ -413,32 +439,33 @@ def _console_logging() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     _console_logging()
     parser = build_parser()
-    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-    handler: Handler = args.handler
     terminated: list[int] = []
     restore = _handle_sigterm(terminated)
     try:
+        # a flag's value is read here (--backend-option KEY=YAML): a bad one is one line too
+        args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+        handler: Handler = args.handler
         return handler(args)
     except KeyboardInterrupt as exc:
         code = Terminated.exit_code if terminated or isinstance(exc, Terminated) else INTERRUPTED
         name = "SIGTERM" if code == Terminated.exit_code else "SIGINT"
-        print(
-            f"interrupted ({name}): what was played is kept; --resume <run dir> plays the rest",
-            file=sys.stderr,
-        )
+        notes = getattr(exc, "__notes__", None)  # the command's own word on what is left
+        left = notes[-1] if notes else "what was played is kept; --resume <run dir> plays the rest"
+        _say(f"interrupted ({name}): {left}")
         return code
     except BrokenPipeError:
-        return _stdout_closed()
+        return _output_closed()
     except Exception as exc:  # user-facing errors become one line; bugs keep their traceback
         if _is_user_error(exc):
-            message = escape_controls(str(exc))
+            message = escape_controls(redact(str(exc)))
             if is_disk_full(exc):
                 message = f"the disk is full ({message}): free space, then run it again"
-            print(f"reflexsim: error: {message}", file=sys.stderr)
+            _say(f"reflexsim: error: {message}")
             return USAGE_ERROR
         raise
     finally:
         restore()
+        _flush_quietly()
 
 
 def _handle_sigterm(terminated: list[int]) -> Callable[[], None]:
@@ -473,13 +500,36 @@ def _handle_sigterm(terminated: list[int]) -> Callable[[], None]:
 BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a reader that stopped reading
 
 
-def _stdout_closed() -> int:
-    """The reader of stdout went away (``reflexsim replay ... | head``): not an error of ours.
-    Python's documented way: point stdout at devnull so the flush at exit cannot raise again."""
+def _output_closed() -> int:
+    """The reader of stdout or stderr went away (``reflexsim replay ... | head``, ``reflexsim
+    view RUN 2>&1 | head -1``): not an error of ours. Python's documented way: point them at
+    devnull so the flush at exit cannot raise again."""
 
     devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            os.dup2(devnull, stream.fileno())
+        except (OSError, ValueError):
+            pass  # no file behind it (a test's capture): nothing will flush into a pipe
     return BROKEN_PIPE
+
+
+def _say(line: str) -> None:
+    """A line of the CLI's own on stderr, even when its reader went away."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except BrokenPipeError:
+        _output_closed()
+
+
+def _flush_quietly() -> None:
+    """What is left in stdout's buffer, written now: a closed pipe is not a traceback at exit."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _output_closed()
+    except (OSError, ValueError):
+        pass
 
 
 def _is_user_error(exc: BaseException) -> bool:

@@ -30,9 +30,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from agents import arms
-from agents.llm.common import safe_url
+from agents.llm.redaction import REDACTED, redact
 from agents.options import declare, leaf_names, model_spec, option
 from agents.reflexion_code import CODE_PROTOCOL
 from experiments.errors import ConfigError
@@ -74,6 +75,26 @@ def _role_options(value: Mapping[str, Any]) -> None:
             )
 
 
+def _base_urls(value: str) -> None:
+    """Each of a comma-separated list: an http(s) URL with a host, a port in range and no space
+    (the message shows it without its secrets)."""
+    for url in value.split(","):
+        url = url.strip()
+        shown = repr(redact(url))
+        if not re.fullmatch(r"https?://[^\s/?#]+\S*", url, re.I):
+            why = "has a space" if re.search(r"\s", url) else "is not an http:// or https:// URL"
+            raise ValueError(f"{shown} {why}: give the server's URL, e.g. http://127.0.0.1:8000/v1")
+        parts = urlsplit(url)
+        try:
+            port = parts.port  # raises on a port out of range or not a number
+        except ValueError:
+            port = 0
+        if port == 0:
+            raise ValueError(f"{shown} has a bad port: use a port in 1-65535")
+        if not parts.hostname:
+            raise ValueError(f"{shown} names no host: e.g. http://127.0.0.1:8000/v1")
+
+
 def _deadline(value: str) -> None:
     parse_deadline(value, 0.0)
 
@@ -98,6 +119,7 @@ class ModelConfig:
         None,
         "OpenAI-compatible server URL (vllm serve, llama.cpp server); several, comma-separated, "
         "shard the games across servers",
+        check=_base_urls,
     )
     reflect_model: str | None = option(
         None, "model spec for self-reflection (default: the actor's)", check=model_spec
@@ -250,6 +272,13 @@ class GamesConfig:
     generate_per_type: int = option(
         1, "games per task type when generating the default game set", minimum=1, check=_per_type
     )
+
+    def __post_init__(self) -> None:
+        if self.env == "textworld" and self.task_types:
+            raise ConfigError(
+                f"--task-types {' '.join(self.task_types)} picks ALFWorld task types; "
+                "--env textworld games have none: drop --task-types (or pick games with --game)"
+            )
 
 
 @dataclass(frozen=True)
@@ -476,35 +505,13 @@ class RunConfig:
         return {s: {n: flat[n] for n in leaf_names(t)} for s, t in section_types().items()}
 
 
-# Option names that hold a secret (api_key, access_token, password, ...), never written.
-_SECRET_NAME = re.compile(
-    r"(^|_)(api_?key|key|token|secret|password|passwd|auth|authorization|credentials?)$", re.I
-)
-
-
-# A URL, or a comma-separated list of them (``--base-url``'s shards).
-_URLS = re.compile(
-    r"^\s*[A-Za-z][A-Za-z0-9+.-]*://[^\s,]*(\s*,\s*[A-Za-z][A-Za-z0-9+.-]*://[^\s,]*)*\s*$"
-)
-
-
-def public_value(value: Any) -> Any:
-    """One config value as :func:`public_values` writes it."""
-    if isinstance(value, str) and _URLS.match(value):
-        return ",".join(str(safe_url(u.strip())) for u in value.split(","))
-    if isinstance(value, Mapping):
-        return {k: public_value(v) for k, v in value.items() if not _SECRET_NAME.search(str(k))}
-    if isinstance(value, list | tuple):
-        return [public_value(v) for v in value]
-    return value
-
-
 def public_values(values: Mapping[str, Any]) -> dict[str, Any]:
-    """Config values safe to write or print: every URL without user info, query or fragment
-    (``safe_url``: a key in ``--base-url`` is never written, so pass it again with
-    ``--resume``) and options named like a key, token or password left out (nested mappings
-    too: backend options, a preset's base and jobs)."""
-    return {k: public_value(v) for k, v in values.items()}
+    """Config values safe to write or print (:func:`agents.llm.redaction.redact`): every URL
+    without user info, query or fragment (a key in ``--base-url`` is never written, so pass it
+    again with ``--resume``), options named like a key, token or password left out (nested
+    mappings too: backend options, a preset's base and jobs), and the value of such an option
+    in a command (``--serve-command '... --api-key KEY'``) written as ``<redacted>``."""
+    return dict(redact(dict(values)))
 
 
 # The run's own sections (every RunConfig field but the arms'), declared so that an arm's section
@@ -561,11 +568,20 @@ def _coerce(name: str, value: Any, source: str) -> Any:
     try:
         value = _typed(kind, value)
     except (TypeError, ValueError):
-        raise ConfigError(f"{source}: {name} must be {_KIND_WORDS[kind]}, got {value!r}") from None
+        # a value in an error message is printed: without its secrets
+        shown = redact(value)
+        raise ConfigError(f"{source}: {name} must be {_KIND_WORDS[kind]}, got {shown!r}") from None
     meta, flag = f.metadata, name.replace("_", "-")
+    if REDACTED in repr(value):
+        raise ConfigError(
+            f"{source}: {flag} holds {REDACTED}: a run records it without its secret, so a "
+            f"resume needs it again: pass {meta['flag'] or '--' + flag} (with the key) again"
+        )
     choices = _choices(meta)
     if choices and value not in choices:
-        raise ConfigError(f"{source}: unknown {name} {value!r}: use one of {', '.join(choices)}")
+        raise ConfigError(
+            f"{source}: unknown {name} {redact(value)!r}: use one of {', '.join(choices)}"
+        )
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(
             f"{source}: {flag} must be a finite number, got {value}: give a number, or leave it "
@@ -703,9 +719,17 @@ class _KeyValue(argparse.Action):
 
         key, sep, raw = str(values).partition("=")
         if not sep or not key:
-            parser.error(f"{option_string} takes KEY=VALUE, got {values!r}")
+            parser.error(f"{option_string} takes KEY=VALUE, got {redact(str(values))!r}")
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            where = str(exc).splitlines()[0]
+            raise ConfigError(
+                f"{option_string} {key.strip()}: the value is not valid YAML ({where}): quote "
+                f"it as text ({option_string} '{key.strip()}=\"...\"') or fix the brackets"
+            ) from None
         current = dict(getattr(namespace, self.dest) or {})
-        current[key.strip()] = yaml.safe_load(raw)
+        current[key.strip()] = value
         setattr(namespace, self.dest, current)
 
 

@@ -36,7 +36,7 @@ from experiments.config import RunConfig
 from experiments.engine import ModelClient
 from experiments.errors import ConfigError, RunStoreError
 from experiments.lock import DirLock
-from experiments.store import LOCK_NAME, EpisodeRow, RunReader, RunStore
+from experiments.store import LOCK_NAME, EpisodeRow, RunReader, RunStore, open_reader
 from memory.records import EpisodeStatus
 
 INSIGHTS_KEY = "insights"  # the store's meta key of the extracted rules and their calls
@@ -186,7 +186,9 @@ def has_rules(run_dir: str | Path) -> bool:
 
 def extract_rules(run_dir: str | Path, model: str, max_tokens: int = 256) -> dict[str, Any]:
     """Extract the rules of the gathering run in ``run_dir`` with ``model`` (a model spec) and
-    keep them, with every call, in its store (meta ``insights``); returns what was kept."""
+    keep them, with every call, in its store (meta ``insights``); returns what was kept. A
+    folder that holds no run is refused before anything is made in it (no lock file)."""
+    open_reader(run_dir).close()
     backend = make_backend(model)
     try:
         return extract_with(run_dir, backend, model, max_tokens)

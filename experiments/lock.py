@@ -38,7 +38,8 @@ class DirLock:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
             raise RunStoreError(
-                f"cannot lock {str(self.path.parent)!r}: {exc.strerror or exc}"
+                f"cannot lock {str(self.path.parent)!r} ({exc.strerror or exc}): {what} writes "
+                "there: use a folder you can write to (a copy of it, for a read-only one)"
             ) from None
         deadline = time.monotonic() + wait_s
         while True:

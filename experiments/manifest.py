@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.llm.base import Backend, GenerationConfig
+from agents.llm.redaction import redact
 from agents.llm.vllm_backend import engine_record
 from agents.prompting import file_sha256, template_hashes
 from experiments.config import RunConfig, public_values, resumable_keys
@@ -54,9 +55,9 @@ def build_manifest(
     """``prompt_files``: the sha256 of each prompt file the user gave; ``generation``: the
     actor's sampling settings."""
 
-    def describe(b: Backend) -> Any:
+    def describe(b: Backend) -> Any:  # its options, URL and extra body: without secrets
         fn = getattr(b, "describe", None)
-        return fn() if callable(fn) else {"name": b.name}
+        return redact(fn()) if callable(fn) else {"name": b.name}
 
     return {
         "config": cfg.to_dict(public=True),
@@ -70,8 +71,10 @@ def build_manifest(
         "protocol": cfg.protocol.protocol,
         "prompt_files": prompt_files,
         # a vllm: model's engine: sampling defaults in force, batch invariance, vLLM version
-        "vllm": engine_record(
-            cfg.models.model, cfg.models.base_url, cfg.server.serve, cfg.server.serve_command
+        "vllm": redact(
+            engine_record(
+                cfg.models.model, cfg.models.base_url, cfg.server.serve, cfg.server.serve_command
+            )
         ),
         "actor": describe(actor),
         "reflector": describe(reflector),

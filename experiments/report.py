@@ -901,7 +901,10 @@ def write_report(run_dirs: Sequence[Path], out_dir: Path | None = None) -> Path:
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise RunStoreError(f"cannot create report dir {str(out)!r}: {exc.strerror}") from None
+        raise RunStoreError(
+            f"cannot create report dir {str(out)!r}: {exc.strerror}: pass --out DIR, a folder "
+            "you can write to"
+        ) from None
 
     comparison = [
         comparison_row(lb, d, s) for lb, d, s in zip(labels, dirs, summaries, strict=True)

@@ -3,7 +3,8 @@
 ``--serve`` (or ``serve: true``) runs ``serve_command`` (default
 :data:`agents.llm.vllm_backend.SERVE_COMMAND`; placeholders ``{model}``, ``{host}``, ``{port}``,
 ``{python}``) as a subprocess in its own process group, with stdout and stderr appended to
-``<run dir>/server.log`` and its pid in ``<run dir>/server.pid``. It waits until ``GET /health``
+``<run dir>/server.log`` (through the redaction pass: :mod:`experiments.logpipe`) and its pid in
+``<run dir>/server.pid``. It waits until ``GET /health``
 answers (200; a 404 means the server has no such route, as llama.cpp's) and ``GET /v1/models``
 lists the model, then points
 the run at ``http://127.0.0.1:<port>/v1``: the ``vllm:`` spec with a ``base_url`` is the OpenAI
@@ -65,15 +66,25 @@ from pathlib import Path
 from typing import Any
 
 from agents.llm.base import MissingDependencyError
+from agents.llm.redaction import redact
 from agents.llm.specs import parse_spec
 from agents.llm.vllm_backend import SERVE_COMMAND
-from experiments.config import RunConfig, from_mapping, public_value
+from experiments.config import RunConfig, from_mapping
 from experiments.errors import ConfigError
 from experiments.ray_session import alive_nodes, check_fits, gpu_options, model_gpus, session
 
 log = logging.getLogger("reflexsim.serve")
 
 HOST = "127.0.0.1"
+# the server runs under experiments.logpipe (this very package, wherever the cwd is): its output
+# reaches server.log through the redaction pass (vLLM prints its --api-key among its arguments)
+LOG_PIPE = (
+    sys.executable,
+    "-c",
+    "import sys; sys.path.insert(0, sys.argv.pop(1)); from experiments.logpipe import main; "
+    "sys.exit(main(sys.argv[1:]))",
+    str(Path(__file__).resolve().parent.parent),
+)
 PLACEHOLDERS = ("{model}", "{host}", "{port}", "{python}")
 # 1+2+4+8+16 s, then 30 s each: about 10 minutes before a request gives up
 RESTART_RETRIES = 24
@@ -81,7 +92,15 @@ RESTART_BACKOFF_MAX_S = 30.0
 
 
 class ServeError(ConfigError):
-    """The model server could not be started or kept running; the message names its log."""
+    """The model server could not be started or kept running; the message names its ``log``
+    (where it is now: a refused run moves it out of the run directory)."""
+
+    def __init__(self, reason: str, log: Path | None = None) -> None:
+        super().__init__(reason)
+        self.reason, self.log = reason, log
+
+    def __str__(self) -> str:
+        return self.reason if self.log is None else f"{self.reason}; see {self.log}"
 
 
 @dataclass(frozen=True)
@@ -141,12 +160,13 @@ def check_serve(cfg: RunConfig) -> None:
     if cfg.models.base_url and cfg.models.base_url.rstrip("/") != expected:
         raise ConfigError(
             f"--serve points the run at its own server ({expected}): drop --base-url "
-            f"{public_value(cfg.models.base_url)!r}, or drop --serve to use that server"
+            f"{redact(cfg.models.base_url)!r}, or drop --serve to use that server"
         )
     template = serve_template(cfg)
     if "{port}" not in template:
         raise ConfigError(
-            f"serve-command {template!r} must pass the port as {{port}} (e.g. --port {{port}})"
+            f"serve-command {redact(template)!r} must pass the port as {{port}} "
+            "(e.g. --port {port})"
         )
     server_argv(template, served_model(cfg), HOST, cfg.server.serve_port)
 
@@ -175,7 +195,7 @@ def server_argv(template: str, model: str, host: str, port: int) -> tuple[str, .
     try:
         words = shlex.split(template)
     except ValueError as exc:
-        raise ConfigError(f"serve-command {template!r} cannot be split: {exc}") from None
+        raise ConfigError(f"serve-command {redact(template)!r} cannot be split: {exc}") from None
     if not words:
         raise ConfigError("serve-command is empty: give a command such as vllm serve {model} ...")
     values = {"{model}": model, "{host}": host, "{port}": str(port), "{python}": sys.executable}
@@ -269,13 +289,28 @@ def free_port(host: str = HOST) -> int:
 
 
 def group_alive(pgid: int) -> bool:
+    """Whether a process of the group ``pgid`` still runs. A zombie does not count: it is dead,
+    waiting for its parent to read its exit, and an orphan's new parent (init, in a container
+    perhaps a process that never does) may never read it."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return True
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[-1].split()
+        except OSError:
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            return True  # after the name: state, parent, group
+    return False
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -307,11 +342,18 @@ def process_start(pid: int) -> int | None:
 
 
 def _server_env(extra: dict[str, str]) -> dict[str, str]:
-    """The part of a server's environment that changes what it computes."""
+    """The part of a server's environment that changes what it computes, as its pid file records
+    it (without a key: ``VLLM_API_KEY``)."""
     env = {**os.environ, **extra}
-    return {
-        k: v for k, v in sorted(env.items()) if k.startswith("VLLM_") or k == "CUDA_VISIBLE_DEVICES"
-    }
+    return dict(
+        redact(
+            {
+                k: v
+                for k, v in sorted(env.items())
+                if k.startswith("VLLM_") or k == "CUDA_VISIBLE_DEVICES"
+            }
+        )
+    )
 
 
 class _LeftServer:
@@ -405,9 +447,9 @@ class ModelServer:
 
     # -- internals -----------------------------------------------------------------------------
     def _note(self, event: str, **details: Any) -> None:
-        record = {"t": time.time(), "event": event, **details}
+        record = redact({"t": time.time(), "event": event, **details})
         self.events.append(record)
-        text = " ".join(f"{k}={v}" for k, v in details.items())
+        text = redact(" ".join(f"{k}={v}" for k, v in details.items()))
         log.info("server %s %s", event, text)
         if self._log is not None:
             try:
@@ -463,7 +505,7 @@ class ModelServer:
             alive = _cmdline(pid) == tuple(info.get("argv", ()))
         if not alive:
             return None, False
-        same = info.get("argv") == list(s.argv) and info.get("env") == _server_env(s.env)
+        same = info.get("argv") == redact(list(s.argv)) and info.get("env") == _server_env(s.env)
         return _LeftServer(pid, started), same
 
     def _ready_now(self) -> bool:
@@ -479,7 +521,7 @@ class ModelServer:
         env = {**os.environ, **s.env}
         try:
             self._proc = subprocess.Popen(
-                s.argv,
+                [*LOG_PIPE, str(s.log_path), "--", *s.argv],
                 stdin=subprocess.DEVNULL,
                 stdout=self._log,
                 stderr=subprocess.STDOUT,
@@ -489,7 +531,7 @@ class ModelServer:
         except OSError as exc:
             raise ServeError(f"cannot start {s.argv[0]!r}: {exc.strerror or exc}") from None
         pid = self._proc.pid
-        record = {"pid": pid, "started": process_start(pid), "argv": list(s.argv)}
+        record = {"pid": pid, "started": process_start(pid), "argv": redact(list(s.argv))}
         s.pid_path.write_text(json.dumps({**record, "env": _server_env(s.env)}) + "\n")
 
     def _wait_ready(self, proc: subprocess.Popen[bytes] | _LeftServer) -> None:
@@ -503,13 +545,15 @@ class ModelServer:
             code = proc.poll()
             if code is not None:
                 raise ServeError(
-                    f"{Path(s.argv[0]).name} exited with code {code} before it was ready; "
-                    f"see {s.log_path} (last lines: {_tail(s.log_path)})"
+                    f"{Path(s.argv[0]).name} exited with code {code} before it was ready "
+                    f"(last lines: {_tail(s.log_path)})",
+                    s.log_path,
                 )
             if time.monotonic() > deadline:
                 raise ServeError(
-                    f"{Path(s.argv[0]).name} was not ready after {s.startup_timeout_s:.0f}s; "
-                    f"see {s.log_path}, or raise serve_timeout_s"
+                    f"{Path(s.argv[0]).name} was not ready after {s.startup_timeout_s:.0f}s (raise "
+                    f"serve_timeout_s if it needs longer; last lines: {_tail(s.log_path)})",
+                    s.log_path,
                 )
             if not healthy:
                 got = _get(f"{s.root_url}/health")

@@ -10,18 +10,26 @@ into it, and records what came after (the server's restarts, a Ray job's placeme
 that same handle. Everything it opened is closed by one ``ExitStack``, in reverse order.
 
 A refused run leaves nothing behind that blocks the corrected command: a new run's lock (which
-makes the directory) is taken only once every check passed, or just before its server starts.
+makes the directory) is taken only once every check passed, or just before its server starts;
+a new run that ends before its store is made (a server that does not start, an experience source
+that cannot be locked, an interrupt in the extract phase) leaves its directory as it found it:
+its lock file, server log and pid file go (a server's log with something in it is moved to the
+temporary folder, and the error names it), and a directory it made goes when empty.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
 import time
 from contextlib import ExitStack, closing
 from pathlib import Path
 from typing import Any
 
 from agents.experience import Experience
+from agents.llm.redaction import redact
 from experiments.arming import (
     check_device_share,
     check_prompts_file,
@@ -42,6 +50,7 @@ from experiments.ray_session import import_ray
 from experiments.runner import Backends, Plan, execute, open_backends
 from experiments.serve import (
     ModelServer,
+    ServeError,
     check_serve,
     serve_replicas,
     serve_settings,
@@ -51,6 +60,8 @@ from experiments.serve import (
 from experiments.store import DB_NAME, LOCK_NAME, RunStore
 
 SERVER_EVENTS = ("died", "restart", "restart failed", "gave up")  # recorded in the run store
+# what a session makes in a run directory before its store: gone again when the run is refused
+BEFORE_THE_STORE = (LOCK_NAME, "server*.log", "server*.pid")
 
 
 def default_run_dir(cfg: RunConfig) -> Path:
@@ -130,6 +141,8 @@ class RunSession:
         self._games: GameSet | None = None
         self.experience: Experience | None = None  # other games' experience the run shows
         self._checked = False
+        self._found: set[str] | None = None  # what a new run's folder held (None: no folder)
+        self._made: list[Path] = []  # the folders a new run makes (its own and missing parents)
 
     @classmethod
     def job(cls, cfg: RunConfig, force: bool = False) -> RunSession:
@@ -164,26 +177,56 @@ class RunSession:
         if not self.resume:
             self.lock.refuse_if_held("a run")
             refuse_existing(self.run_dir)
+            if self.run_dir.is_dir():
+                self._found = {p.name for p in self.run_dir.iterdir()}
+            self._made = [d for d in (self.run_dir, *self.run_dir.parents) if not d.exists()]
         self._checked = True
 
     def run(self, progress: Progress | None = None) -> Path:
         """Play the run to its end (or its budget); returns the run directory (its store says
         how it ended: ``RunStore.run_state``)."""
         self.check()
-        with ExitStack() as stack:
-            stack.callback(self.lock.release)
-            stack.callback(self._close_store)
-            if self.resume:
-                self._open_recorded()
-            cfg = self._serve(stack) if self.cfg.server.serve else self.cfg
-            backends = stack.enter_context(closing(open_backends(cfg, self.games.ground_truth)))
-            self._extract(cfg, backends)
-            plan = self._plan(cfg, backends)
-            if self.store is None:
-                self._claim()
-                self.store = RunStore(self.run_dir, create=True)
-            execute(plan, self.store, progress)
+        try:
+            with ExitStack() as stack:
+                stack.callback(self.lock.release)
+                stack.callback(self._close_store)
+                if self.resume:
+                    self._open_recorded()
+                cfg = self._serve(stack) if self.cfg.server.serve else self.cfg
+                truth = self.games.ground_truth
+                backends = stack.enter_context(closing(open_backends(cfg, truth)))
+                self._extract(cfg, backends)
+                plan = self._plan(cfg, backends)
+                if self.store is None:
+                    self._claim()
+                    self.store = RunStore(self.run_dir, create=True)
+                execute(plan, self.store, progress)
+        except BaseException as exc:
+            self._leave_as_found(exc)
+            raise
         return self.run_dir
+
+    def _leave_as_found(self, exc: BaseException) -> None:
+        """A new run that ends before its store is made takes back what it made (its lock is
+        released by then, its server stopped); a server's log with something in it is moved to
+        the temporary folder, where the error (``exc``) says it is."""
+        if self.resume or self.store is not None or not self.run_dir.is_dir():
+            return
+        found = self._found or set()
+        own_server = self.server is None  # the caller's (a preset's shared one) goes on
+        for pattern in BEFORE_THE_STORE if own_server else (LOCK_NAME,):
+            for path in self.run_dir.glob(pattern):
+                if path.name in found or not path.is_file():
+                    continue
+                if isinstance(exc, ServeError) and exc.log == path and path.stat().st_size:
+                    exc.log = _keep_elsewhere(path)
+                else:
+                    path.unlink(missing_ok=True)
+        for made in self._made:  # innermost first; one with anything else in it stays
+            try:
+                made.rmdir()
+            except OSError:
+                break
 
     # -- new or resumed ------------------------------------------------------------------------
     def _claim(self) -> None:
@@ -291,7 +334,7 @@ class RunSession:
         self._set_meta(
             "server",
             {
-                "command": list(server.settings.argv),
+                "command": redact(list(server.settings.argv)),
                 "url": server.url,
                 "log": str(server.settings.log_path),
                 "restarts": server.restarts,
@@ -312,6 +355,14 @@ class RunSession:
                 self.store.set_meta(key, value)
         finally:
             self.store.close()
+
+
+def _keep_elsewhere(log: Path) -> Path:
+    """``log`` moved to the temporary folder (a refused run's server log, which its error names)."""
+    fd, name = tempfile.mkstemp(prefix=f"reflexsim-{log.parent.name}-", suffix=f"-{log.name}")
+    os.close(fd)
+    shutil.move(log, name)
+    return Path(name)
 
 
 def run(

@@ -1,12 +1,15 @@
 """Text from outside (model output, a server's error, a game file, a config value) made safe to
 print or log: control characters, terminal escape sequences among them, are shown escaped
 (``\\x1b``), never passed through to a terminal or a log file. The replay, the CLI's error line
-and every log handler of the project (the console, ``run.log``) use this one function."""
+and every log handler of the project (the console, ``run.log``) use this one function; the
+error line and the log handlers also leave secrets out (:func:`agents.llm.redaction.redact`)."""
 
 from __future__ import annotations
 
 import logging
 import re
+
+from agents.llm.redaction import redact
 
 # Every C0/C1 control character except tab and newline (ESC, BEL, CR, DEL, CSI, ...).
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -18,10 +21,11 @@ def escape_controls(text: str) -> str:
 
 
 class EscapingFormatter(logging.Formatter):
-    """A log formatter whose lines (message, traceback) carry no control characters."""
+    """A log formatter whose lines (message, traceback) carry no control characters and no
+    secrets."""
 
     def format(self, record: logging.LogRecord) -> str:
-        return escape_controls(super().format(record))
+        return escape_controls(redact(super().format(record)))
 
 
 class QuietFileHandler(logging.FileHandler):

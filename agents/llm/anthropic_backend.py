@@ -52,6 +52,7 @@ from agents.llm.common import (
     url_secrets,
 )
 from agents.llm.deadline import RequestGuard
+from agents.llm.redaction import redact
 from agents.llm.retry import (
     MalformedResponse,
     Retryable,
@@ -247,8 +248,9 @@ class AnthropicBackend:
         )
         usage = [sum(u[i] for _, _, u in results) for i in range(3)]
         sent = {k: v for k, v in params.items() if k != "extra_body"}
-        if "extra_body" in params:
-            sent["extra_body"] = params["extra_body"]
+        if "extra_body" in params:  # the user's part may hold a key: recorded without it
+            extra = params["extra_body"]
+            sent["extra_body"] = redact(extra) if self.extra_body else extra
         sent["stop_applied_locally"] = local_stops
         if self.sampling == "omit":
             sent["sampling"] = "model default"

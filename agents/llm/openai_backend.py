@@ -90,6 +90,7 @@ from agents.llm.common import (
 )
 from agents.llm.deadline import RequestGuard
 from agents.llm.grounding import gbnf_for, regex_for, viable_prefix
+from agents.llm.redaction import redact
 from agents.llm.retry import (
     MalformedResponse,
     Retryable,
@@ -347,8 +348,9 @@ class OpenAIBackend:
                     retries=retries,
                 )
         sent = {"endpoint": endpoint, **{k: v for k, v in params.items() if k != "extra_body"}}
-        if "extra_body" in params:
-            sent["extra_body"] = params["extra_body"]
+        if "extra_body" in params:  # the user's part may hold a key: recorded without it
+            extra = params["extra_body"]
+            sent["extra_body"] = redact(extra) if self.extra_body else extra
         return Completion(
             text=cleaned[0],
             finish_reason=finish,

@@ -299,8 +299,11 @@ def format_report(columns: Mapping[str, GameStats], reference: str = "") -> str:
 
     def row(label: str, cells: list[str], key: str = "") -> None:
         text = f"{label:38}" + "".join(f"{c:>{width}}" for c in cells)
-        if key and ref is not None:
-            text += "".join(f"{distances(columns[n], ref)[key]:>{width + 3}.3f}" for n in others)
+        if key and ref is not None:  # "-": a column without games of that type has none
+            found = [distances(columns[n], ref).get(key) for n in others]
+            text += "".join(
+                f"{'-':>{width + 3}}" if d is None else f"{d:>{width + 3}.3f}" for d in found
+            )
         lines.append(text)
 
     def table(label: str, key: str, tables: list[Mapping[Any, float]]) -> None:

@@ -10,10 +10,19 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
+import select
+import shlex
+import shutil
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -68,6 +77,17 @@ def _flags(*args: str) -> Callable[[Path], list[str]]:
     return lambda tmp: list(args)
 
 
+def _fifo(flag: str) -> Callable[[Path], list[str]]:
+    """``flag`` naming a FIFO: reading it would wait for a writer that never comes."""
+
+    def flags(tmp: Path) -> list[str]:
+        path = tmp / "fifo"
+        os.mkfifo(path)
+        return [flag, str(path)]
+
+    return flags
+
+
 RUN_CASES: list[Case] = [
     # 5: tracebacks that become one line
     ("no-api-key", _flags("--model", "openai:gpt-4o"), "OPENAI_API_KEY"),
@@ -120,6 +140,17 @@ RUN_CASES: list[Case] = [
     ("max-steps-text-yaml", _yaml("max_steps: three\n"), "max_steps must be a whole number"),
     ("serve-port-70000", _flags("--serve-port", "70000"), "serve-port must be <= 65535"),
     ("per-type-huge", _flags("--generate-per-type", "1000000000"), "10000"),
+    # issue 37: flag values that are not YAML, URLs that are not URLs, files that are not files
+    ("backend-option-not-yaml", _flags("--backend-option", "timeout={a"), "not valid YAML"),
+    ("role-option-not-yaml", _flags("--role-option", "reflect.timeout=[1"), "not valid YAML"),
+    ("base-url-port-99999", _flags("--base-url", "http://host:99999/v1"), "port in 1-65535"),
+    ("base-url-port-0", _flags("--base-url", "http://host:0/v1"), "port in 1-65535"),
+    ("base-url-no-scheme", _flags("--base-url", "host:8000/v1"), "http:// or https://"),
+    ("base-url-space", _flags("--base-url", "http://host /v1"), "has a space"),
+    ("instruction-file-fifo", _fifo("--instruction-file"), "not a regular file"),
+    ("prompts-fifo", _fifo("--prompts"), "not a regular file"),
+    ("config-fifo", _fifo("--config"), "neither a file nor a preset"),
+    ("textworld-task-types", _flags("--env", "textworld", "--task-types", "put"), "ALFWorld task"),
 ]
 
 
@@ -246,6 +277,66 @@ def test_other_commands_refuse_bad_input_in_one_line(a_run, generated_games, tmp
     assert not (tmp_path / "g").exists()
 
 
+@pytest.mark.parametrize("traj", [b"\x00\xffnot json", b'{"task_type": [1]}', b"[1, 2]"])
+def test_games_stats_of_one_game_with_a_garbage_traj_data_json(
+    traj, generated_games, tmp_path, capsys
+):
+    """One game (one task type of six) whose traj_data.json is garbage: the stats are printed
+    (its task type comes from its folder's name), with "-" where it has no games to compare."""
+    from envs.discovery import discover_games
+
+    game = next(generated_games.rglob("game.tw-pddl")).parent
+    one = tmp_path / "one" / "json_2.1.1" / "train" / game.parent.name / game.name
+    shutil.copytree(game, one)
+    (one / "traj_data.json").write_bytes(traj)
+    assert main(["games", "stats", str(tmp_path / "one")]) == 0
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err and "games" in out and "TV " in out
+    assert [g.game_id for g in discover_games(tmp_path / "one", "train")] == [
+        one.relative_to(tmp_path / "one").as_posix()
+    ]
+
+
+def _copy(run_dir: Path, to: Path) -> Path:
+    shutil.copytree(run_dir, to, ignore=shutil.ignore_patterns("run.lock"))
+    return to
+
+
+def test_a_report_that_cannot_be_written_is_one_line_naming_out(a_run, tmp_path, capsys):
+    run = _copy(a_run, tmp_path / "run")
+    summary = run / "report" / "summary.json"
+    summary.parent.mkdir(exist_ok=True)
+    summary.unlink(missing_ok=True)
+    summary.mkdir()  # in the way: its write fails as on a read-only mount
+    code = main(["report", str(run)])
+    _one_error_line(code, capsys.readouterr().err, f"{summary} (Is a directory): pass --out DIR")
+    elsewhere = tmp_path / "elsewhere"
+    assert main(["report", str(run), "--out", str(elsewhere)]) == 0
+    assert (elsewhere / "summary.json").is_file()
+
+
+def test_report_of_a_run_on_a_read_only_mount(a_run, tmp_path):
+    """A real read-only mount (a user and mount namespace: skipped where there are none): the
+    report is refused in one line naming the file and --out; --out elsewhere writes it."""
+    run = _copy(a_run, tmp_path / "run")
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-rm", "true"]).returncode:
+        pytest.skip("no user namespaces to mount a folder read-only")
+    q = lambda p: shlex.quote(str(p))  # noqa: E731
+    cli = f"{q(sys.executable)} -m experiments.cli report {q(run)}"
+    script = (
+        f"mount --bind {q(run)} {q(run)} && mount -o remount,bind,ro {q(run)} && "
+        f"{cli}; echo rc=$?; {cli} --out {q(tmp_path / 'out')}; echo rc=$?"
+    )
+    r = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, cwd=ROOT,
+        timeout=300,
+    )  # fmt: skip
+    assert "Traceback" not in r.stderr, r.stderr
+    assert r.stdout.splitlines()[0] == "rc=2" and r.stdout.splitlines()[-1] == "rc=0", r.stdout
+    assert "Read-only file system): pass --out DIR" in r.stderr, r.stderr
+    assert (tmp_path / "out" / "summary.json").is_file()
+
+
 def test_a_closed_pipe_ends_replay_quietly(a_run):
     """``reflexsim replay ... | head``: the reader goes away; exit 141 (128 + SIGPIPE), no
     traceback (the Python docs' recipe: stdout pointed at devnull)."""
@@ -266,6 +357,177 @@ def test_a_closed_pipe_ends_replay_quietly(a_run):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) in (0, 141), err
     assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def _viewer(run_dir: Path, **streams: Any) -> subprocess.Popen[bytes]:
+    code = "import sys; from experiments.cli import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.Popen(
+        [sys.executable, "-c", code, "view", str(run_dir), "--port", "0"], cwd=ROOT, **streams
+    )
+
+
+def _first_line(proc: subprocess.Popen[bytes]) -> bytes:
+    """The viewer's first line (its URL), read as soon as it is written (a hang guard, not a
+    timing: the line comes in seconds)."""
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], 120)
+    assert ready, "the viewer printed no line (left in its buffer?)"
+    return proc.stdout.readline()
+
+
+def test_a_viewer_whose_reader_went_away_ends_quietly_on_ctrl_c(a_run):
+    """``reflexsim view RUN 2>&1 | head -1``, then Ctrl-C: the one line comes at once, and the
+    end writes nothing into the closed pipe (no BrokenPipeError, exit 130)."""
+    proc = _viewer(a_run, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        assert b"serving" in _first_line(proc)
+        assert proc.stdout is not None
+        proc.stdout.close()  # head -1 has its line and goes
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 130  # a traceback at exit would be 1 or 120
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_ctrl_c_on_the_viewer_ends_it_quietly(a_run):
+    """Ctrl-C is how a viewer stops: exit 130, and no run's resume message (nothing to resume)."""
+    proc = _viewer(a_run, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert b"serving" in _first_line(proc)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 130, err
+    assert b"resume" not in err and b"Traceback" not in err, err
+
+
+# -- a refused run leaves its folder as it found it --------------------------------------------
+def test_extract_of_a_folder_without_a_run_makes_nothing_there(tmp_path, capsys):
+    missing = tmp_path / "no" / "such"
+    code = main(["extract", str(missing), "--model", "scripted:expert"])
+    _one_error_line(code, capsys.readouterr().err, "not a run directory")
+    assert not (tmp_path / "no").exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code = main(["extract", str(empty), "--model", "scripted:expert"])
+    _one_error_line(code, capsys.readouterr().err, "not a run directory")
+    assert list(empty.iterdir()) == []  # no run.lock
+
+
+def _taken_port() -> tuple[socket.socket, int]:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    return s, int(s.getsockname()[1])
+
+
+# (id, the server command, what the error line names, what the log it names holds)
+SERVE_FAILURES = [
+    ("program-not-found", "no-such-server-program --port {port}", "not found on PATH", None),
+    (
+        "exits",
+        "{python} -c \"import sys; print('out of memory (pretend)'); sys.exit(3)\" {port}",
+        "exited with code 3 before it was ready",
+        "out of memory (pretend)",
+    ),
+    (
+        "never-healthy",
+        "{python} -c \"import time; print('loading (pretend)', flush=True); time.sleep(600)\" {port}",
+        "was not ready after 2s",
+        "loading (pretend)",
+    ),
+    ("port-in-use", "{python} -c pass {port}", "in use by another program", None),
+]
+
+
+@pytest.mark.parametrize(
+    ("command", "needle", "logged"), [f[1:] for f in SERVE_FAILURES], ids=[f[0] for f in SERVE_FAILURES]
+)  # fmt: skip
+@pytest.mark.parametrize("existing", [False, True], ids=["new-folder", "empty-folder"])
+def test_a_server_that_does_not_start_leaves_the_run_folder_as_found(
+    command, needle, logged, existing, generated_games, tmp_path, capsys
+):
+    """No run.lock, server.log or server.pid stays: the folders the run made go, an existing one
+    is left empty; a server log with something in it is moved out, and the error names it."""
+    run_dir = tmp_path / "runs" / "run"
+    if existing:
+        run_dir.mkdir(parents=True)
+    taken, port = _taken_port()
+    if not needle.startswith("in use"):
+        taken.close()  # free again: the server's port
+    try:
+        code = main([
+            *_base(generated_games, run_dir), "--model", "vllm:fault-model", "--serve",
+            "--serve-command", command, "--serve-port", str(port), "--serve-timeout-s", "2",
+        ])  # fmt: skip
+    finally:
+        taken.close()
+    line = capsys.readouterr().err
+    _one_error_line(code, line, needle)
+    assert (list(run_dir.iterdir()) == []) if existing else not (tmp_path / "runs").exists()
+    if logged is not None:
+        log = Path(line.split("; see ")[-1].strip())
+        assert log.parent == Path(tempfile.gettempdir()), line
+        assert logged in log.read_text()
+        log.unlink()
+
+
+def test_an_experience_source_that_cannot_be_locked_leaves_the_run_folder_as_found(
+    train_games, generated_games, tmp_path, capsys
+):
+    """The extract phase locks the gathering run to keep its rules there; where it cannot (a
+    read-only mount; here its lock file's place is taken by a folder), the run is refused in one
+    line and its own folder is gone again."""
+    from tests.experiments.test_experience_phases import HEAT, gather
+
+    source = gather(train_games, tmp_path, trials=2)
+    (source / "run.lock").unlink()
+    (source / "run.lock").mkdir()
+    run_dir = tmp_path / "eval"
+    code = main([
+        *_base(generated_games, run_dir), "--model", "scripted:learner", "--agent", "insights",
+        "--experience-from", str(source), "--task-types", *HEAT, "--max-steps", "8",
+    ])  # fmt: skip
+    _one_error_line(code, capsys.readouterr().err, "use a folder you can write to")
+    assert not run_dir.exists()
+
+
+def test_sigterm_in_the_extract_phase_says_what_to_run_and_leaves_nothing(
+    train_games, generated_games, tmp_path
+):
+    """SIGTERM while the rules are being made (the reflector's answer never comes): exit 143,
+    and the line says to run the command again (no --resume: the folder holds no store, and is
+    gone)."""
+    from tests.experiments.test_experience_phases import HEAT, gather
+    from tests.support.fault_server import FaultPlan, FaultServer
+
+    source = gather(train_games, tmp_path, trials=2)
+    run_dir = tmp_path / "eval"
+    with FaultServer(FaultPlan(delay=lambda text: 600.0)) as server:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "experiments.cli", *_base(generated_games, run_dir),
+             "--model", "scripted:learner", "--agent", "insights", "--experience-from",
+             str(source), "--task-types", *HEAT, "--reflect-model", "openai:test",
+             "--role-option", f"reflect.base_url={server.url}"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 120  # a hang guard: the first request comes in seconds
+            while not server.events and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert server.events, proc.communicate(timeout=60)[1][-3000:]
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=120)
+        finally:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143, err[-3000:]
+    assert "Traceback" not in err and "--resume" not in err, err[-3000:]
+    assert "interrupted (SIGTERM): before the run began" in err and "run the same command" in err
+    assert not run_dir.exists()
 
 
 @pytest.mark.parametrize(

@@ -1,11 +1,17 @@
-"""Secrets and text from outside: a key in ``--base-url`` is in no file a run writes and in no
-printed line; a server's terminal escapes are shown escaped on stderr and in run.log; report.md
-shows HTML from run values as text; the viewer warns when it listens beyond loopback."""
+"""Secrets and text from outside: a key given on any surface (``--base-url``, a served model's
+command and environment, backend and role options) is in no file a run writes and in no printed
+line; a server's terminal escapes are shown escaped on stderr and in run.log; report.md shows
+HTML from run values as text; the viewer warns when it listens beyond loopback."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from threading import Thread
@@ -13,12 +19,15 @@ from typing import Any
 
 import pytest
 
+from agents.llm.redaction import REDACTED, redact, secret_name
 from experiments.config import RunConfig, public_values
 from experiments.report import write_report
+from experiments.serve import free_port
 from experiments.store import open_reader
 from experiments.terminal import escape_controls
 from experiments.viewer import serve
 from tests.experiments.test_runner import SPLIT, _look
+from tests.experiments.test_serve import ROOT, stand_in
 from tests.experiments.test_store_faults import reflexsim
 from tests.support.fault_server import FaultServer
 from tests.support.runfactory import make_run, standard_tasks
@@ -78,6 +87,156 @@ def test_the_public_config_copy_has_no_secrets() -> None:
     # a matrix's state file: its flags and the preset's base and jobs
     preset = {"base": {"base_url": f"http://u:{KEY}@h/v1"}, "jobs": [{"api_key": KEY}]}
     assert KEY not in repr(public_values({"preset": preset, "flags": {"base_url": f"h://{KEY}@x"}}))
+
+
+# -- a canary key through every surface a key can be given on ------------------------------------
+CANARY = f"sk-canary-{uuid.uuid4().hex}"
+
+# (id, the flags after the game selection, given the fault server's URL parts and tmp_path;
+# whether a run store is made: the surface really was used)
+Surface = tuple[str, Callable[[int, Path], list[str]], bool]
+
+
+def _served(command: str, *more: str) -> Callable[[int, Path], list[str]]:
+    def flags(port: int, tmp: Path) -> list[str]:
+        template = f"{stand_in(tmp)} {command.format(key=CANARY)}"
+        return ["--model", "vllm:fault-model", "--serve", "--serve-command", template,
+                "--serve-port", str(free_port()), *more]  # fmt: skip
+
+    return flags
+
+
+def _openai(*flags: str) -> Callable[[int, Path], list[str]]:
+    def made(port: int, tmp: Path) -> list[str]:
+        given = [f.format(key=CANARY, port=port) for f in flags]
+        if not any(f.startswith("--base-url") for f in flags):
+            given += ["--base-url", f"http://127.0.0.1:{port}/v1"]
+        return ["--model", "openai:test", "--backend-option", "max_retries=0", *given]
+
+    return made
+
+
+def _matrix(port: int, tmp: Path) -> list[str]:
+    preset = tmp / "preset.yaml"
+    preset.write_text("description: one job\njobs:\n  - {name: only, agent: react}\n")
+    flags = _openai("--base-url=http://u:{key}@127.0.0.1:{port}/v1")(port, tmp)
+    return ["--config", str(preset), *flags]
+
+
+SURFACES: list[Surface] = [
+    ("serve-command --api-key KEY", _served("--api-key {key}", "--verbose"), True),
+    ("serve-command --api-key=KEY", _served("--api-key={key} --hf-token {key}"), True),
+    ("serve-command --dry-run", _served("--api-key {key}", "--dry-run"), False),
+    ("base-url without a scheme", _openai("--base-url=u:{key}@127.0.0.1:{port}/v1"), False),
+    ("base-url with a space", _openai("--base-url=http://u:{key} @127.0.0.1:{port}/v1"), False),
+    ("base-url in a query", _openai("--base-url=http://127.0.0.1:{port}/v1?token={key}"), True),
+    (
+        "extra_body api_key",
+        _openai('--backend-option=extra_body={{"api_key": "{key}"}}', "--verbose"),
+        True,
+    ),  # fmt: skip
+    ("backend-option x-api-key", _openai("--backend-option=x-api-key={key}"), False),
+    (
+        "role-option reflect.api_key --dry-run",
+        _openai("--role-option=reflect.api_key={key}", "--dry-run"),
+        False,
+    ),  # fmt: skip
+    (
+        "role-option reflect.api-key --dry-run",
+        _openai("--role-option=reflect.api-key={key}", "--dry-run"),
+        False,
+    ),  # fmt: skip
+    (
+        "role-option reflect.api_key",
+        _openai("--reflect-model=openai:test", "--role-option=reflect.api_key={key}"),
+        False,
+    ),  # fmt: skip
+    ("a preset's state file", _matrix, True),
+]
+
+
+@pytest.mark.parametrize(
+    ("flags", "plays"), [s[1:] for s in SURFACES], ids=[s[0] for s in SURFACES]
+)
+def test_a_canary_key_reaches_no_file_and_no_printed_line(
+    generated_games: Path, tmp_path: Path, flags: Callable[[int, Path], list[str]], plays: bool
+) -> None:
+    """The key is in no file under the folder the run wrote (the SQLite store read as bytes, the
+    server's log and pid file, config.yaml, run.log, a preset's matrix.json) and in no line the
+    command printed, whether the run played, printed a plan or was refused."""
+    run = tmp_path / "run"
+    # every case: a served model's key in its environment too (a pid file records the server's)
+    env = {**os.environ, "VLLM_API_KEY": CANARY}
+    env.pop("OPENAI_API_KEY", None)
+    with FaultServer(answer=_look) as server:
+        args = [
+            "run", "--data", str(generated_games), "--split", SPLIT, "--games", "1",
+            "--trials", "1", "--max-steps", "2", "--run-dir", str(run),
+            *flags(server.port, tmp_path),
+        ]  # fmt: skip
+        r = subprocess.run(
+            [sys.executable, "-m", "experiments.cli", *args],
+            capture_output=True, text=True, timeout=300, cwd=ROOT, env=env,
+        )  # fmt: skip
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert r.returncode in (0, 2, 3), r.stderr[-3000:]
+    for where, text in (("stdout", r.stdout), ("stderr", r.stderr)):
+        for line in text.splitlines():
+            assert CANARY[10:26] not in line, (where, line)
+    stores = list(run.rglob("run.sqlite"))
+    assert bool(stores) == plays, (r.returncode, r.stderr[-3000:])
+    for path in (p for p in run.rglob("*") if p.is_file()):
+        data = path.read_bytes()
+        assert CANARY[10:26].encode() not in data, f"key leaked into {path}"
+
+
+def test_redact_covers_every_form_of_a_key() -> None:
+    key = CANARY
+    texts = {
+        f"http://user:{key}@h:8000/v1": "http://h:8000/v1",
+        f"http://u:{key}@h1/v1?api_key={key}#{key},https://h2/v1?t={key}": "http://h1/v1,https://h2/v1",
+        f"user:{key}@h:8000/v1": "h:8000/v1",
+        f"h:8000/v1?api_key={key}&n=1": f"h:8000/v1?api_key={REDACTED}&n=1",
+        f"http://user:{key} @h/v1": f"http://{REDACTED} @h/v1",
+        f"vllm serve m --api-key {key} --port 8": f"vllm serve m --api-key {REDACTED} --port 8",
+        f"vllm serve m --port --token={key}": f"vllm serve m --port --token={REDACTED}",
+        f'extra_body={{"api_key": "{key}"}}': f'extra_body={{"api_key": {REDACTED}}}',
+        f"-H 'Authorization: Bearer {key}'": f"-H 'Authorization: {REDACTED}'",
+        # a server printing its arguments: a list (argv), a dict (vLLM's non-default args)
+        f"args: ['8', '--api-key', '{key}', '--port']": f"args: ['8', '--api-key', {REDACTED}, '--port']",
+        f"{{'api_key': ['{key}'], 'port': 8}}": f"{{'api_key': {REDACTED}, 'port': 8}}",
+    }  # fmt: skip
+    for text, expected in texts.items():
+        assert redact(text) == expected, text
+    for kept in ("max_tokens: 7, model: openai:x", "/runs/exp@v2/run", "{python} s.py {port}",
+                 "api_key, max_tokens", "['--api-key', '--port', '8']"):  # fmt: skip
+        assert redact(kept) == kept
+    assert redact(["serve", "--api-key", key, "--port", "8", "--password", "--x"]) == [
+        "serve", "--api-key", REDACTED, "--port", "8", "--password", "--x",
+    ]  # fmt: skip
+    nested = {"extra_body": {"apiKey": key, "top_k": 3}, "role": {"reflect.client-secret": key}}
+    assert redact(nested) == {"extra_body": {"top_k": 3}, "role": {}}
+    assert [n for n in ("api_key", "HF_TOKEN", "x-api-key", "apiKey", "Authorization",
+                        "max_tokens", "api_key_env", "tokenizer", "author")
+            if secret_name(n)] == ["api_key", "HF_TOKEN", "x-api-key", "apiKey", "Authorization"]  # fmt: skip
+
+
+def test_a_command_recorded_without_its_key_is_given_again_on_resume() -> None:
+    """A resume reads the recorded config: a served command recorded with ``<redacted>`` in it
+    is refused in one line naming the flag until the command is given again."""
+    from experiments.cli import build_parser
+    from experiments.config import resolve
+    from experiments.errors import ConfigError
+
+    command = f"vllm serve {{model}} --port {{port}} --api-key {KEY}"
+    recorded = RunConfig.of(model="vllm:m", serve=True, serve_command=command).to_dict(public=True)
+    assert KEY not in repr(recorded)
+    assert recorded["serve_command"] == f"vllm serve {{model}} --port {{port}} --api-key {REDACTED}"
+    parse = build_parser().parse_args
+    with pytest.raises(ConfigError, match="pass --serve-command .* again"):
+        resolve(parse(["run", "--resume", "r"]), recorded)
+    cfg = resolve(parse(["run", "--resume", "r", "--serve-command", command]), recorded)
+    assert cfg.server.serve_command == command
 
 
 class _Hostile(BaseHTTPRequestHandler):

@@ -40,11 +40,13 @@ from experiments.serve import (
 ROOT = Path(__file__).resolve().parent.parent.parent
 SPLIT = "eval_out_of_distribution"
 
-# The fault server as a stand-in `vllm serve`: it serves the model "fault-model".
+# The fault server as a stand-in `vllm serve`: it serves the model "fault-model" and, as vLLM
+# does, prints the arguments it was given.
 STAND_IN = """
 import signal, sys
 sys.path.insert(0, {root!r})
 from tests.support.fault_server import FaultServer
+print("stand-in args:", sys.argv[1:], flush=True)
 FaultServer(port=int(sys.argv[1])).start()
 print("stand-in listening", flush=True)
 signal.pause()
