@@ -398,6 +398,13 @@ class Engine:
                 f"({request.purpose} call); cut to {len(completion.text)} characters",
                 episode_id,
             )
+        if completion.invalid_text:
+            self.store.log_event(
+                "invalid_text",
+                f"the answer held {completion.invalid_text} code point(s) that cannot be stored "
+                f"(lone surrogates; {request.purpose} call); replaced by U+FFFD",
+                episode_id,
+            )
         return completion
 
     async def play(
