@@ -96,10 +96,13 @@ def kept_rules(store: RunReader) -> dict[str, Any] | None:
     """The rule list kept in ``store`` (meta ``insights``), checked: None when none was made; a
     one-line RunStoreError naming the fix when it is not what :func:`extract_with` writes (a
     hand edit, another tool). It is not made again in its place: that would drop the edit."""
-    kept = store.get_meta(INSIGHTS_KEY)
+    try:
+        kept = store.get_meta(INSIGHTS_KEY)
+        problem = None if kept is None else _malformed(kept)
+    except RunStoreError:
+        kept, problem = {}, "it is not JSON that Python reads"
     if kept is None:
         return None
-    problem = _malformed(kept)
     if problem is not None:
         run = store.run_dir
         raise RunStoreError(

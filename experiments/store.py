@@ -812,9 +812,17 @@ class RunReader:
     # -- meta --------------------------------------------------------------------------------
     def get_meta(self, key: str, default: Any = None) -> Any:
         """The JSON value kept under ``key``, its strings storable (JSON can hold a lone
-        surrogate, written by another tool or an older version: see agents.llm.answers)."""
+        surrogate, written by another tool or an older version: see agents.llm.answers); a
+        one-line RunStoreError when it is not JSON that Python reads."""
         row = self._conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
-        return storable_data(json.loads(row["value"])) if row else default
+        if row is None:
+            return default
+        try:
+            return storable_data(json.loads(row["value"]))
+        except ValueError as exc:  # not JSON, or a number past Python's int() digit limit
+            raise RunStoreError(
+                f"the {key!r} record of {str(self.run_dir)!r} is not readable JSON: {exc}"
+            ) from None
 
     # -- episodes and steps ------------------------------------------------------------------
     def episode(self, episode: str) -> EpisodeRow | None:
