@@ -168,7 +168,10 @@ async def extract(
             prompt = extraction_prompt(task_type, chunk, own)
             completion = await model.generate(
                 Request(
-                    config=GenerationConfig(temperature=0.0, max_tokens=max_tokens, seed=seed),
+                    # one operation a line: no stop at a newline
+                    config=GenerationConfig(
+                        temperature=0.0, max_tokens=max_tokens, stop=(), seed=seed
+                    ),
                     prompt=prompt,
                     purpose="insights",
                     site=CallSite(game=chunk[0][1].game),

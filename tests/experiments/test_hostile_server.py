@@ -261,3 +261,14 @@ def test_a_malformed_kept_rule_list_is_one_line_naming_extract(
     assert in_process(capsys, "extract", str(source), "--model", "scripted:expert") == 0
     with RunReader(source) as reader:
         assert [r["task_type"] for r in reader.get_meta(INSIGHTS_KEY)["rules"]] == ["heat"]
+
+
+def test_extraction_reads_every_operation_line(source: Path) -> None:
+    """The extraction prompt asks for one operation a line: the request does not stop at the
+    first newline (a server that honours stops sent only the first operation)."""
+    with FaultServer(answer=lambda _: "ADD: Look first.\nADD: Then act.\nthat is all") as server:
+        kept = extract_rules(source, "openai:t", options={"base_url": server.url})
+        (body,) = server.bodies
+    assert "stop" not in body
+    assert [r["text"] for r in kept["rules"]] == ["Look first.", "Then act."]
+    assert kept["steps"][0]["ignored"] == ["that is all"]
