@@ -335,46 +335,9 @@ class _Handler(BaseHTTPRequestHandler):
         prompt_tokens = word_count(text)
         completion_tokens = sum(word_count(a) for a in answers)
         model = body.get("model", "fault-model")
+        answered = list(enumerate(zip(answers, finish, strict=True)))
         payload: dict[str, Any]
-        if route == "/completions":
-            payload = {
-                "id": "cmpl-fault",
-                "object": "text_completion",
-                "created": int(time.time()),
-                "model": model,
-                "choices": [
-                    {"index": i, "text": a, "finish_reason": f, "logprobs": None}
-                    for i, (a, f) in enumerate(zip(answers, finish, strict=True))
-                ],
-                "usage": {
-                    "prompt_tokens": prompt_tokens,
-                    "completion_tokens": completion_tokens,
-                    "total_tokens": prompt_tokens + completion_tokens,
-                    "prompt_tokens_details": {"cached_tokens": prompt_tokens // 2},
-                },
-            }
-        elif route == "/chat/completions":
-            payload = {
-                "id": "chatcmpl-fault",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": model,
-                "choices": [
-                    {
-                        "index": i,
-                        "message": {"role": "assistant", "content": a},
-                        "finish_reason": f,
-                    }
-                    for i, (a, f) in enumerate(zip(answers, finish, strict=True))
-                ],
-                "usage": {
-                    "prompt_tokens": prompt_tokens,
-                    "completion_tokens": completion_tokens,
-                    "total_tokens": prompt_tokens + completion_tokens,
-                    "prompt_tokens_details": {"cached_tokens": prompt_tokens // 2},
-                },
-            }
-        else:
+        if route == "/messages":
             payload = {
                 "id": "msg_fault",
                 "type": "message",
@@ -389,6 +352,33 @@ class _Handler(BaseHTTPRequestHandler):
                     "cache_creation_input_tokens": 0,
                     "output_tokens": word_count(answers[0]),
                 },
+            }
+        elif route == "/completions":
+            payload = {
+                "id": "cmpl-fault",
+                "object": "text_completion",
+                "choices": [
+                    {"index": i, "text": a, "finish_reason": f, "logprobs": None}
+                    for i, (a, f) in answered
+                ],
+            }
+        else:
+            payload = {
+                "id": "chatcmpl-fault",
+                "object": "chat.completion",
+                "choices": [
+                    {"index": i, "message": {"role": "assistant", "content": a}, "finish_reason": f}
+                    for i, (a, f) in answered
+                ],
+            }
+        if route != "/messages":
+            payload["created"] = int(time.time())
+            payload["model"] = model
+            payload["usage"] = {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": prompt_tokens // 2},
             }
         send(200, broken(fault, route, payload) if fault in BROKEN_ANSWERS else payload)
 
