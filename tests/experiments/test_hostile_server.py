@@ -112,6 +112,7 @@ def test_a_misbehaving_server_never_crashes_a_command(
     args = driver_args(driver, generated_games, source, run, server.url)
     r = reflexsim(*args)
     assert "Traceback" not in r.stderr + r.stdout, r.stderr[-3000:]
+    assert "\x1b" not in r.stderr + r.stdout and "\x00" not in r.stderr + r.stdout
     broken = kind in BROKEN
     assert r.returncode == (3 if broken else 0), (r.returncode, r.stderr[-3000:])
     errors = [line for line in r.stderr.splitlines() if line.startswith("reflexsim: error:")]
