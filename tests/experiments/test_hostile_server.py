@@ -273,3 +273,21 @@ def test_extraction_reads_every_operation_line(source: Path) -> None:
     assert "stop" not in body
     assert [r["text"] for r in kept["rules"]] == ["Look first.", "Then act."]
     assert kept["steps"][0]["ignored"] == ["that is all"]
+
+
+def test_a_servers_error_text_is_stored_and_logged_whatever_it_holds(
+    generated_games: Path, tmp_path: Path
+) -> None:
+    """A 400 whose message holds terminal escapes and a lone surrogate: the episode's error is
+    stored (U+FFFD), run.log and stderr show it escaped (run.log stopped at such a line)."""
+    run_dir = tmp_path / "run"
+    with FaultServer(FaultPlan(rate=1.0, kinds=("odd_error",)), answer=answer) as server:
+        r = reflexsim(*driver_args("reflexion", generated_games, tmp_path, run_dir, server.url))
+    assert r.returncode == 3 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert "\x1b" not in r.stderr and "\\ud800 here" in r.stderr
+    log = (run_dir / "run.log").read_text()
+    assert "\x1b" not in log and "\\ud800 here" in log
+    with RunReader(run_dir) as store:
+        (episode,) = store.episodes()
+        (error,) = store.episode_errors(episode.episode_id)
+    assert "\ufffd here" in str(episode.error) and "\ufffd here" in error.traceback

@@ -30,7 +30,8 @@ gives up): name them in ``kinds``. Neither are the misbehaviours of a server tha
 - ``negative_usage``, ``string_usage``, ``infinite_usage``: the usage's token counts are
   -1,000,000,000, the string ``"12"``, or ``Infinity`` (which Python's JSON reader accepts);
 - ``empty_choices``: no choice (an Anthropic answer: no content);
-- ``cut``: a good answer's headers and half its body, then the connection is closed.
+- ``cut``: a good answer's headers and half its body, then the connection is closed;
+- ``odd_error``: ``400`` whose message holds terminal escapes and a lone surrogate.
 
 A request with a wrong key (see ``api_key``) is recorded as fault ``401``. With
 ``context_words``, a prompt of more words than that gets OpenAI's ``400``
@@ -71,7 +72,7 @@ ODD_ANSWERS = ("surrogate", "control", "huge", "garbage")
 # (with ``malformed``, a truncated JSON body)
 BROKEN_ANSWERS = ("negative_usage", "string_usage", "infinite_usage", "empty_choices", "cut")
 ALL_FAULT_KINDS = (
-    *FAULT_KINDS, "503", "drop", "trickle", "endless", *ODD_ANSWERS, *BROKEN_ANSWERS,
+    *FAULT_KINDS, "503", "drop", "trickle", "endless", *ODD_ANSWERS, *BROKEN_ANSWERS, "odd_error",
 )  # fmt: skip
 HUGE_CHARS = 10_000_000
 CONTROLS = "\x00\x07\x1b[2J\x1b]0;pwned\x07\x7f\x9b"
@@ -449,6 +450,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(route, 429, "rate limited", {"Retry-After": plan.retry_after})
         elif fault in ("500", "503"):
             self._error(route, int(fault), f"injected {fault}")
+        elif fault == "odd_error":
+            self._error(route, 400, f"bad request {CONTROLS} \ud800 here")
         elif fault == "malformed":
             self._send(200, b'{"id": "cmpl-fault", "object": "text_completion", "choices": [{"te')
         elif fault == "reset":
