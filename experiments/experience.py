@@ -71,15 +71,15 @@ def load(
             if e.status == EpisodeStatus.DONE.value
         )
         extracted = (kept_rules(store) if rules else None) or {}
-    shown = tuple(Rule.from_json(r) for r in extracted.get("rules", []))
+    rule_list = tuple(Rule.from_json(r) for r in extracted.get("rules", []))
     config = manifest.get("config", {})
     provenance = Provenance(
         run=str(run_dir),
         split=str(config.get("split", "")),
         games=dict(manifest.get("games", {})),
-        digest=digest(attempts, shown),
+        digest=digest(attempts, rule_list),
     )
-    return Experience(provenance, attempts, shown, settings)
+    return Experience(provenance, attempts, rule_list, settings)
 
 
 # what each extraction step must hold for the summary and the viewer

@@ -127,6 +127,9 @@ def test_a_misbehaving_server_never_crashes_a_command(
     if stored:
         with RunReader(result) as store:
             counts = store.event_counts()
+            reflections = [r.text for r in store.reflections()]
+        if driver == "reflexion" and kind == "surrogate":  # a reflection's text too
+            assert reflections and all("\ufffd" in text for text in reflections)
         expected = {"surrogate": "invalid_text", "huge": "oversized"}.get(kind)
         if broken:
             expected = "infra_error"
