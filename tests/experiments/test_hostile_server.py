@@ -31,7 +31,7 @@ from tests.support.gameruns import SPLIT, game_run
 from tests.support.runfactory import make_run, standard_tasks
 
 ROOT = Path(__file__).resolve().parents[2]
-BROKEN = ("malformed", *BROKEN_ANSWERS)  # server faults: retried, then the request's error
+BROKEN = ("500", "malformed", *BROKEN_ANSWERS)  # server faults: retried, then the request's error
 FAST = [
     "--backend-option", "max_retries=1", "--backend-option", "backoff_base=0.01",
     "--backend-option", "jitter=0", "--backend-option", "timeout=20",
