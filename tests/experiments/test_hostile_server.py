@@ -1,10 +1,11 @@
 """A misbehaving OpenAI-compatible server on loopback (tests/support/fault_server.py) drives a
 Reflexion run, an ``insights`` run and ``reflexsim extract`` through the command line, as a
 user would: odd text (lone surrogates, control characters, a 10 MB answer, garbage) is taken
-and the command exits 0; broken answers (bad usage counts, malformed JSON, no choices, a body
-cut mid-way) are retried, then end as infrastructure errors: exit 3, one line (README "Exit
-codes"). ``report`` and ``export`` work on what is left, the same work against a well-behaved
-server finishes it, and no traceback is printed anywhere."""
+and the command exits 0; broken answers (a 500, bad usage counts, malformed JSON, no choices,
+a body cut mid-way) are retried, then end as infrastructure errors: exit 3, one line (README
+"Exit codes"). ``report`` and ``export`` work on what is left, the same work against a
+well-behaved server finishes it, and no traceback is printed anywhere. Also: a token budget
+holds, a report reads any store, and another run's kept rules are checked when read."""
 
 from __future__ import annotations
 
