@@ -77,7 +77,14 @@ class Rule:
 
     @classmethod
     def from_json(cls, data: Mapping[str, object]) -> Rule:
-        return cls(str(data["task_type"]), str(data["text"]), int(str(data["votes"])))
+        """The rule :meth:`to_json` wrote; a KeyError, TypeError or ValueError for anything
+        else (a stored list is another run's data: it may have been edited)."""
+        task_type, text, votes = data["task_type"], data["text"], data["votes"]
+        if not isinstance(task_type, str) or not isinstance(text, str):
+            raise TypeError("its task_type and text are not both strings")
+        if isinstance(votes, bool) or not isinstance(votes, int) or votes < 1:
+            raise ValueError(f"its votes ({votes!r}) are not a whole number >= 1")
+        return cls(task_type, text, votes)
 
 
 def rules_block(rules: Sequence[Rule]) -> str:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from agents.arm import Arm
 from agents.episode import ModelPort
 from agents.experience import Attempt, ExperienceConfig, Rule
+from agents.llm.answers import small_number
 from agents.llm.base import CallSite, GenerationConfig, Request
 from agents.memory_policy import PastTrials, Recall, ReflexionWindow
 from agents.prompting import template
@@ -47,9 +48,12 @@ def parse_ops(text: str) -> tuple[list[Op], list[str]]:
             continue
         m = _OP.match(line.strip().lstrip("-* "))
         kind = m.group(1).upper() if m else ""
-        number = int(m.group(2)) if m and m.group(2) else None
+        digits = m.group(2) if m else None
+        number = small_number(digits) if digits else None
         body = m.group(3).strip() if m else ""
-        if kind == "ADD" and body and number is None:
+        if digits and number is None:  # a number no rule list has
+            ignored.append(line.strip())
+        elif kind == "ADD" and body and number is None:
             ops.append(Op(kind, None, body))
         elif kind == "EDIT" and number is not None and body:
             ops.append(Op(kind, number, body))
@@ -164,7 +168,10 @@ async def extract(
             prompt = extraction_prompt(task_type, chunk, own)
             completion = await model.generate(
                 Request(
-                    config=GenerationConfig(temperature=0.0, max_tokens=max_tokens, seed=seed),
+                    # one operation a line: no stop at a newline
+                    config=GenerationConfig(
+                        temperature=0.0, max_tokens=max_tokens, stop=(), seed=seed
+                    ),
                     prompt=prompt,
                     purpose="insights",
                     site=CallSite(game=chunk[0][1].game),

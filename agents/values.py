@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from agents.episode import ModelPort
+from agents.llm.answers import small_number
 from agents.llm.base import CallSite, GenerationConfig, Request
 from agents.llm.ground_truth import NO_GROUND_TRUTH, GroundTruth
 from agents.oracle import Oracle
@@ -115,7 +116,8 @@ def parse_rating(text: str) -> float:
     m = _NUMBER.search(text)
     if m is None:
         return 0.5
-    rating = min(max(int(m.group()), 1), 10)
+    number = small_number(m.group())  # None: more digits than any rating has
+    rating = 10 if number is None else min(max(number, 1), 10)
     return (rating - 1) / 9
 
 

@@ -18,7 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from agents.llm.redaction import redact
-from experiments.errors import ConfigError, RunStoreError, Terminated, is_disk_full
+from experiments.errors import (
+    ConfigError,
+    InfraError,
+    RunStoreError,
+    Terminated,
+    is_disk_full,
+)
 from experiments.terminal import EscapingFormatter, escape_controls
 
 # Exit codes (README "Exit codes"): 0 finished (complete, or stopped by its budget/deadline);
@@ -285,7 +291,10 @@ def _extract(args: argparse.Namespace) -> int:
     # lazily: the CLI imports only what the chosen command runs
     from experiments.experience import extract_rules
 
-    kept = extract_rules(args.run_dir, args.model)
+    options = dict(args.backend_options or {})
+    if args.base_url:
+        options["base_url"] = args.base_url
+    kept = extract_rules(args.run_dir, args.model, options=options)
     print(f"{len(kept['rules'])} rule(s) from {len(kept['steps'])} call(s) kept in {args.run_dir}")
     return 0
 
@@ -323,7 +332,7 @@ def _replay(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     # lazily: the CLI imports only what the chosen command runs
-    from experiments.config import add_run_arguments
+    from experiments.config import KeyValue, add_run_arguments
 
     parser = argparse.ArgumentParser(prog="reflexsim", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -362,6 +371,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ext.add_argument("run_dir")
     ext.add_argument("--model", required=True, help="model spec that writes the rules")
+    ext.add_argument("--base-url", help="the model's OpenAI-compatible server (as for run)")
+    ext.add_argument(
+        "--backend-option",
+        dest="backend_options",
+        action=KeyValue,
+        metavar="KEY=VALUE",
+        help="an option of the model's backend, as for run (max_retries=2, timeout=30, ...)",
+    )
     ext.set_defaults(handler=_extract)
 
     xp = sub.add_parser(
@@ -455,6 +472,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     except BrokenPipeError:
         return _output_closed()
+    except InfraError as exc:  # the model server failed outside an episode: run it again
+        _say(f"reflexsim: error: {escape_controls(redact(str(exc)))}")
+        return INFRA_ERRORS
     except Exception as exc:  # user-facing errors become one line; bugs keep their traceback
         if _is_user_error(exc):
             message = escape_controls(redact(str(exc)))

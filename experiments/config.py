@@ -711,7 +711,7 @@ def data_root(cfg: RunConfig) -> str | None:
 
 
 # -- the command line ---------------------------------------------------------------------------
-class _KeyValue(argparse.Action):
+class KeyValue(argparse.Action):
     """``--backend-option KEY=VALUE`` (repeatable): values are read as YAML scalars."""
 
     def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
@@ -759,7 +759,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                 if not meta["flag"]:
                     kw["nargs"] = "+"
             elif kind is dict:
-                kw["action"] = _KeyValue
+                kw["action"] = KeyValue
                 kw["metavar"] = "KEY=VALUE"
             else:
                 kw["type"] = kind if kind in (int, float) else str

@@ -37,6 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from agents.episode import Agent, EpisodeEnd, EpisodeSpec
+from agents.llm.answers import storable
 from agents.llm.base import (
     OVERSIZED,
     AsyncBackend,
@@ -59,8 +60,9 @@ TRACEBACK_CHARS = 20000  # of an infrastructure error's traceback kept in the st
 
 
 def traceback_text(exc: BaseException) -> str:
-    """``exc``'s whole traceback, its causes included (capped), for the store."""
-    return "".join(traceback.format_exception(exc))[-TRACEBACK_CHARS:]
+    """``exc``'s whole traceback, its causes included (capped), for the store (storable: a
+    cause's message may hold a server's text)."""
+    return storable("".join(traceback.format_exception(exc))[-TRACEBACK_CHARS:])[0]
 
 
 def context_verdict(exc: ContextLimitError) -> str:
@@ -396,6 +398,13 @@ class Engine:
                 "oversized",
                 f"the server sent more text than max_tokens={request.config.max_tokens} allows "
                 f"({request.purpose} call); cut to {len(completion.text)} characters",
+                episode_id,
+            )
+        if completion.invalid_text:
+            self.store.log_event(
+                "invalid_text",
+                f"the answer held {completion.invalid_text} code point(s) that cannot be stored "
+                f"(lone surrogates; {request.purpose} call); replaced by U+FFFD",
                 episode_id,
             )
         return completion

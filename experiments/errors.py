@@ -1,4 +1,4 @@
-"""Errors of the experiment layer; the CLI turns each into one line and exit code 2."""
+"""Errors of the experiment layer; the CLI turns each into one line and exit code 2 (or 3)."""
 
 import errno
 
@@ -18,6 +18,12 @@ class StoreFullError(RunStoreError):
 class StoreDamagedError(RunStoreError):
     """A run store's file is damaged (garbage inside, truncated): the message says what still
     reads and how to recover it."""
+
+
+class InfraError(RuntimeError):
+    """A model server kept failing (after its retries) outside an episode, in rule extraction:
+    nothing was kept or played, and the same command run again retries it. The CLI prints one
+    line and exits 3, as for a run that ended with infrastructure errors."""
 
 
 class Terminated(KeyboardInterrupt):

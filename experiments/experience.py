@@ -27,14 +27,14 @@ from typing import Any
 
 from agents import arms
 from agents.experience import Attempt, Experience, ExperienceConfig, Provenance, Rule, digest
-from agents.insights import extract
+from agents.insights import ExtractionStep, extract
 from agents.llm import make_backend
-from agents.llm.base import Backend
+from agents.llm.base import Backend, BackendError, ContextLimitError
 from agents.prompting import file_sha256, transcript_pairs
 from agents.retrieval import check_similarity
 from experiments.config import RunConfig
 from experiments.engine import ModelClient
-from experiments.errors import ConfigError, RunStoreError
+from experiments.errors import ConfigError, InfraError, RunStoreError
 from experiments.lock import DirLock
 from experiments.store import LOCK_NAME, EpisodeRow, RunReader, RunStore, open_reader
 from memory.records import EpisodeStatus
@@ -51,8 +51,11 @@ def settings_of(cfg: RunConfig) -> ExperienceConfig:
     return settings
 
 
-def load(run_dir: str | Path, settings: ExperienceConfig = ExperienceConfig()) -> Experience:
-    """The experience of the run in ``run_dir``; a RunStoreError when it is not a run."""
+def load(
+    run_dir: str | Path, settings: ExperienceConfig = ExperienceConfig(), *, rules: bool = True
+) -> Experience:
+    """The experience of the run in ``run_dir`` (without its kept rules unless ``rules``); a
+    RunStoreError when it is not a run, or when the rules it keeps are malformed."""
     with RunReader(run_dir) as store:
         manifest = store.get_meta("manifest") or {}
         attempts = tuple(
@@ -67,16 +70,67 @@ def load(run_dir: str | Path, settings: ExperienceConfig = ExperienceConfig()) -
             for e in store.episodes()
             if e.status == EpisodeStatus.DONE.value
         )
-        extracted = store.get_meta(INSIGHTS_KEY) or {}
-    rules = tuple(Rule.from_json(r) for r in extracted.get("rules", []))
+        extracted = (kept_rules(store) if rules else None) or {}
+    rule_list = tuple(Rule.from_json(r) for r in extracted.get("rules", []))
     config = manifest.get("config", {})
     provenance = Provenance(
         run=str(run_dir),
         split=str(config.get("split", "")),
         games=dict(manifest.get("games", {})),
-        digest=digest(attempts, rules),
+        digest=digest(attempts, rule_list),
     )
-    return Experience(provenance, attempts, rules, settings)
+    return Experience(provenance, attempts, rule_list, settings)
+
+
+# what each extraction step must hold for the summary and the viewer
+_STEP_FIELDS = {
+    "task_type": str,
+    "games": list,
+    "applied": list,
+    "ignored": list,
+    "rules_after": int,
+}
+
+
+def kept_rules(store: RunReader) -> dict[str, Any] | None:
+    """The rule list kept in ``store`` (meta ``insights``), checked: None when none was made; a
+    one-line RunStoreError naming the fix when it is not what :func:`extract_with` writes (a
+    hand edit, another tool). It is not made again in its place: that would drop the edit."""
+    try:
+        kept = store.get_meta(INSIGHTS_KEY)
+        problem = None if kept is None else _malformed(kept)
+    except RunStoreError:
+        kept, problem = {}, "it is not JSON that Python reads"
+    if kept is None:
+        return None
+    if problem is not None:
+        run = store.run_dir
+        raise RunStoreError(
+            f"the rule list kept in {str(run)!r} (meta {INSIGHTS_KEY}) is malformed: {problem}; "
+            f"make it again with `reflexsim extract {run} --model SPEC`"
+        )
+    return dict(kept)
+
+
+def _malformed(kept: Any) -> str | None:
+    """What is wrong with a kept rule list, or None."""
+    if not isinstance(kept, dict):
+        return f"a {type(kept).__name__}, not an object"
+    rules, steps = kept.get("rules"), kept.get("steps")
+    if not isinstance(rules, list) or not isinstance(steps, list):
+        return "its rules or steps are not lists"
+    for i, rule in enumerate(rules):
+        try:
+            Rule.from_json(rule)
+        except (KeyError, TypeError, ValueError) as exc:
+            return f"rule {i + 1}: {type(exc).__name__} {exc}"
+    for i, step in enumerate(steps):
+        if not isinstance(step, dict) or any(
+            not isinstance(step.get(k), t) or isinstance(step.get(k), bool)
+            for k, t in _STEP_FIELDS.items()
+        ):
+            return f"step {i + 1} lacks one of {', '.join(_STEP_FIELDS)}"
+    return None
 
 
 def check_contamination(experience: Experience, split: str, games: dict[str, str]) -> None:
@@ -166,11 +220,11 @@ def _current(run_dir: str | Path, experience: Experience | None = None) -> dict[
     now (``experience``: the run, already loaded); None when none were made, or the run changed
     after (it was resumed with more trials)."""
     with RunReader(run_dir) as store:
-        kept = store.get_meta(INSIGHTS_KEY)
+        kept = kept_rules(store)
     if kept is None:
         return None
-    attempts = experience if experience is not None else load(run_dir)
-    return dict(kept) if kept.get("source_digest") == source_digest(attempts) else None
+    attempts = experience if experience is not None else load(run_dir, rules=False)
+    return kept if kept.get("source_digest") == source_digest(attempts) else None
 
 
 def source_digest(experience: Experience) -> str:
@@ -184,12 +238,18 @@ def has_rules(run_dir: str | Path) -> bool:
     return _current(run_dir) is not None
 
 
-def extract_rules(run_dir: str | Path, model: str, max_tokens: int = 256) -> dict[str, Any]:
-    """Extract the rules of the gathering run in ``run_dir`` with ``model`` (a model spec) and
-    keep them, with every call, in its store (meta ``insights``); returns what was kept. A
-    folder that holds no run is refused before anything is made in it (no lock file)."""
+def extract_rules(
+    run_dir: str | Path,
+    model: str,
+    max_tokens: int = 256,
+    options: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Extract the rules of the gathering run in ``run_dir`` with ``model`` (a model spec, its
+    backend made with ``options``: ``base_url``, retries, ...) and keep them, with every call,
+    in its store (meta ``insights``); returns what was kept. A folder that holds no run is
+    refused before anything is made in it (no lock file)."""
     open_reader(run_dir).close()
-    backend = make_backend(model)
+    backend = make_backend(model, **dict(options or {}))
     try:
         return extract_with(run_dir, backend, model, max_tokens)
     finally:
@@ -210,15 +270,11 @@ def extract_with(
     lock = DirLock(Path(run_dir), LOCK_NAME)
     lock.acquire(wait_s, what="a rule extraction")
     try:
-        experience = load(run_dir)
+        experience = load(run_dir, rules=False)  # a malformed kept list is replaced here
         kept = _current(run_dir, experience) if keep_current else None
         if kept is not None:
             return kept
-        client = ModelClient(backend, max_in_flight=1)
-        try:
-            rules, steps = asyncio.run(extract(client, experience.attempts, max_tokens=max_tokens))
-        finally:
-            client.close()
+        rules, steps = _extract(run_dir, backend, experience, max_tokens)
         kept = {
             "model": model,
             "source_digest": source_digest(experience),
@@ -235,6 +291,28 @@ def extract_with(
     finally:
         lock.release()
     return kept
+
+
+def _extract(
+    run_dir: str | Path, backend: Backend, experience: Experience, max_tokens: int
+) -> tuple[tuple[Rule, ...], list[ExtractionStep]]:
+    """The rules and calls of :func:`agents.insights.extract`, through the backend's retries as
+    an episode's calls go; a request that still fails is a one-line error: an InfraError (the
+    command run again retries it), or a ConfigError for a prompt over the model's context."""
+    client = ModelClient(backend, max_in_flight=1)
+    try:
+        return asyncio.run(extract(client, experience.attempts, max_tokens=max_tokens))
+    except ContextLimitError as exc:
+        raise ConfigError(
+            f"rule extraction of {run_dir}: {exc}: extract with a model of a longer context"
+        ) from None
+    except BackendError as exc:
+        raise InfraError(
+            f"rule extraction of {run_dir} failed: {exc}; nothing was kept or played: run the "
+            "command again"
+        ) from None
+    finally:
+        client.close()
 
 
 def _success_by_type(run_dir: str | Path) -> dict[str, dict[str, float]]:
@@ -276,7 +354,7 @@ def summary(run_dir: str | Path, baseline: str | Path | None = None) -> dict[str
     with RunReader(run_dir) as store:
         manifest = store.get_meta("manifest") or {}
         episodes = store.episodes()
-        kept = store.get_meta(INSIGHTS_KEY)
+        kept = kept_rules(store)
     out: dict[str, Any] = {"run": str(run_dir)}
     if kept is not None:
         out["rule_growth"] = [

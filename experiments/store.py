@@ -38,6 +38,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
+from agents.llm.answers import storable_data
 from agents.llm.pricing import cost_usd
 from experiments.errors import RunStoreError, StoreDamagedError, StoreFullError
 from experiments.lock import holder_alive
@@ -403,8 +404,11 @@ class Tokens:
         return self.prompt + self.completion
 
     def cost_usd(self, model: str) -> float:
-        """What these tokens cost with ``model`` (a model spec; 0 for a local one)."""
-        return float(cost_usd(model, self.prompt, self.completion, self.cached_prompt))
+        """What these tokens cost with ``model`` (a model spec; 0 for a local one). A store
+        written before servers' counts were checked (:mod:`agents.llm.answers`) may hold
+        negative ones: they cost nothing."""
+        counts = (max(n, 0) for n in (self.prompt, self.completion, self.cached_prompt))
+        return float(cost_usd(model, *counts))
 
 
 @dataclass(frozen=True)
@@ -807,8 +811,18 @@ class RunReader:
 
     # -- meta --------------------------------------------------------------------------------
     def get_meta(self, key: str, default: Any = None) -> Any:
+        """The JSON value kept under ``key``, its strings storable (JSON can hold a lone
+        surrogate, written by another tool or an older version: see agents.llm.answers); a
+        one-line RunStoreError when it is not JSON that Python reads."""
         row = self._conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
-        return json.loads(row["value"]) if row else default
+        if row is None:
+            return default
+        try:
+            return storable_data(json.loads(row["value"]))
+        except ValueError as exc:  # not JSON, or a number past Python's int() digit limit
+            raise RunStoreError(
+                f"the {key!r} record of {str(self.run_dir)!r} is not readable JSON: {exc}"
+            ) from None
 
     # -- episodes and steps ------------------------------------------------------------------
     def episode(self, episode: str) -> EpisodeRow | None:
@@ -1060,9 +1074,10 @@ class RunReader:
 
     def token_totals(self) -> Tokens:
         """Tokens of every model call, all purposes."""
-        row = self._conn.execute(
-            "SELECT COALESCE(SUM(prompt_tokens), 0) p, COALESCE(SUM(completion_tokens), 0) c,"
-            " COALESCE(SUM(cached_tokens), 0) k FROM call_totals"
+        row = self._conn.execute(  # no negative total, even from an old store (cost_usd)
+            "SELECT MAX(COALESCE(SUM(prompt_tokens), 0), 0) p,"
+            " MAX(COALESCE(SUM(completion_tokens), 0), 0) c,"
+            " MAX(COALESCE(SUM(cached_tokens), 0), 0) k FROM call_totals"
         ).fetchone()
         return Tokens(row["p"], row["c"], row["k"])
 

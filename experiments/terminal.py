@@ -11,13 +11,20 @@ import re
 
 from agents.llm.redaction import redact
 
-# Every C0/C1 control character except tab and newline (ESC, BEL, CR, DEL, CSI, ...).
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# Every C0/C1 control character except tab and newline (ESC, BEL, CR, DEL, CSI, ...), and the
+# lone UTF-16 surrogates (JSON can carry one; no UTF-8 file or terminal takes it).
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 def escape_controls(text: str) -> str:
-    """``text`` with each control character but tab and newline written as ``\\xNN``."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text.replace("\r\n", "\n"))
+    """``text`` with each control character but tab and newline written as ``\\xNN``, and each
+    lone surrogate as ``\\udNNN``."""
+    return _CONTROL.sub(_escaped, text.replace("\r\n", "\n"))
+
+
+def _escaped(m: re.Match[str]) -> str:
+    code = ord(m.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 class EscapingFormatter(logging.Formatter):

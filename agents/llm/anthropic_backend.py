@@ -36,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from agents.llm.answers import MalformedResponse, count, json_object
 from agents.llm.base import BackendError, Completion, Request, SpecError
 from agents.llm.common import (
     CONTINUE_INSTRUCTION,
@@ -54,7 +55,6 @@ from agents.llm.common import (
 from agents.llm.deadline import RequestGuard
 from agents.llm.redaction import redact
 from agents.llm.retry import (
-    MalformedResponse,
     Retryable,
     RetryPolicy,
     call_with_retries,
@@ -220,7 +220,10 @@ class AnthropicBackend:
         params, local_stops = self._payload(request)
 
         def call() -> tuple[str, str, tuple[int, int, int]]:
-            return _parse(self._client.messages.create(**params))
+            # the answer's JSON as sent, checked by _parse
+            return _parse(
+                self._client.messages.with_raw_response.create(**params).http_response.json()
+            )
 
         start = time.perf_counter()
         label = f"{self.name} request {index}"
@@ -274,20 +277,25 @@ class AnthropicBackend:
         self._client.close()
 
 
-def _parse(message: Any) -> tuple[str, str, tuple[int, int, int]]:
-    try:
-        blocks = message.content
-        if not isinstance(blocks, list):
-            raise MalformedResponse("no content")
-        text = "".join(
-            b.text for b in blocks if getattr(b, "type", None) == "text" and isinstance(b.text, str)
+def _parse(answer: Any) -> tuple[str, str, tuple[int, int, int]]:
+    """Text, finish reason and (prompt, completion, cached) tokens of a 200 answer's JSON;
+    MalformedResponse if it lacks them or its counts are no counts (:mod:`agents.llm.answers`)."""
+    blocks = json_object(answer, "the answer").get("content")
+    if not isinstance(blocks, list):
+        raise MalformedResponse("no content")
+    text = "".join(
+        b["text"]
+        for b in (json_object(b, "a content block") for b in blocks)
+        if b.get("type") == "text" and isinstance(b.get("text"), str)
+    )
+    stop = answer.get("stop_reason")
+    finish = _FINISH.get(str(stop), str(stop or "stop"))
+    usage = json_object(answer.get("usage"), "usage")
+    fresh, read, write, out = (
+        count(usage.get(key), f"usage.{key}")
+        for key in (
+            "input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens",
+            "output_tokens",
         )
-        finish = _FINISH.get(str(message.stop_reason), str(message.stop_reason or "stop"))
-        u = message.usage
-        fresh = int(u.input_tokens or 0)
-        read = int(getattr(u, "cache_read_input_tokens", 0) or 0)
-        write = int(getattr(u, "cache_creation_input_tokens", 0) or 0)
-        out = int(u.output_tokens or 0)
-    except (AttributeError, TypeError, KeyError) as exc:
-        raise MalformedResponse(f"unexpected response shape: {type(exc).__name__}") from None
+    )  # fmt: skip
     return text, finish, (fresh + read + write, out, read)

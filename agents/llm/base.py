@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
+
+from agents.llm.answers import storable
+
+log = logging.getLogger("agents.llm")
 
 Purpose = Literal["act", "reflect", "judge", "plan", "value", "insights", "other"]
 
@@ -133,7 +138,11 @@ class Request:
 
 @dataclass(frozen=True)
 class Completion:
-    """One answer. ``sent`` records what actually went over the wire (e.g. chat messages)."""
+    """One answer. ``sent`` records what actually went over the wire (e.g. chat messages).
+
+    Its texts are always storable: what the backend gives is passed through
+    :func:`agents.llm.answers.storable` here, once for every backend, and ``invalid_text``
+    counts the code points replaced (the engine records an ``invalid_text`` event)."""
 
     text: str
     # "stop" | "length" | "error" | OVERSIZED (a server fault) | backend-specific
@@ -145,6 +154,21 @@ class Completion:
     retries: int = 0
     sent: Any = None
     alternatives: tuple[str, ...] = ()  # the other texts when n > 1
+    invalid_text: int = 0  # code points of the texts that could not be stored (replaced)
+
+    def __post_init__(self) -> None:
+        text, bad = storable(self.text)
+        others = [storable(t) for t in self.alternatives]
+        bad += sum(n for _, n in others)
+        if bad:
+            object.__setattr__(self, "text", text)
+            object.__setattr__(self, "alternatives", tuple(t for t, _ in others))
+            object.__setattr__(self, "invalid_text", self.invalid_text + bad)
+            log.warning(
+                "the model's answer held %d code point(s) that cannot be stored (lone "
+                "surrogates); replaced by U+FFFD",
+                bad,
+            )
 
 
 OVERSIZED = "oversized"
@@ -190,7 +214,7 @@ class BackendError(RuntimeError):
     """
 
     def __init__(self, message: str = "", *, retries: int = 0) -> None:
-        super().__init__(message)
+        super().__init__(storable(message)[0])  # a server's error text is untrusted too
         self.retries = retries
 
 

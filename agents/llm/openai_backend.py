@@ -72,6 +72,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from agents.llm.answers import MalformedResponse, count, json_object
 from agents.llm.base import ActionConstraint, BackendError, Completion, Request, SpecError
 from agents.llm.common import (
     CONTINUE_INSTRUCTION,
@@ -92,7 +93,6 @@ from agents.llm.deadline import RequestGuard
 from agents.llm.grounding import gbnf_for, regex_for, viable_prefix
 from agents.llm.redaction import redact
 from agents.llm.retry import (
-    MalformedResponse,
     Retryable,
     RetryPolicy,
     call_with_retries,
@@ -307,11 +307,10 @@ class OpenAIBackend:
 
     def _one(self, index: int, request: Request) -> Completion:
         endpoint, params = self._payload(request)
-        create = (
-            self._client.completions.create
-            if endpoint == "completions"
-            else self._client.chat.completions.create
+        api = (
+            self._client.completions if endpoint == "completions" else self._client.chat.completions
         )
+        create = api.with_raw_response.create  # the answer's JSON as sent, checked by _parse
 
         def call() -> Any:
             try:
@@ -320,7 +319,7 @@ class OpenAIBackend:
                 if endpoint == "chat" and request.prompt is not None and _not_found(exc):
                     raise _NoChatEndpoint(self._no_chat_endpoint(exc)) from None
                 raise
-            return _parse(endpoint, response)
+            return _parse(endpoint, response.http_response.json())
 
         start = time.perf_counter()
         label = f"{self.name} request {index}"
@@ -432,25 +431,31 @@ def _import_openai() -> Any:
     return require("openai", "openai", "openai")
 
 
-def _parse(endpoint: str, response: Any) -> tuple[list[str], list[str], tuple[int, int, int]]:
-    """Texts, finish reasons and (prompt, completion, cached) tokens; MalformedResponse if the
-    server's 200 answer lacks them (the SDK returns a plain string for non-JSON bodies)."""
-    try:
-        choices = sorted(response.choices, key=lambda ch: ch.index or 0)
-        if not choices:
-            raise MalformedResponse("no choices")
-        if endpoint == "completions":
-            texts = [ch.text for ch in choices]
-        else:
-            texts = [ch.message.content or "" for ch in choices]
-        if not all(isinstance(t, str) for t in texts):
-            raise MalformedResponse("choice without text")
-        finishes = [str(ch.finish_reason or "stop") for ch in choices]
-        usage = response.usage
-        prompt = int(getattr(usage, "prompt_tokens", 0) or 0) if usage else 0
-        completion = int(getattr(usage, "completion_tokens", 0) or 0) if usage else 0
-        details = getattr(usage, "prompt_tokens_details", None) if usage else None
-        cached = int(getattr(details, "cached_tokens", 0) or 0) if details else 0
-    except (AttributeError, TypeError, KeyError) as exc:
-        raise MalformedResponse(f"unexpected response shape: {type(exc).__name__}") from None
-    return texts, finishes, (prompt, completion, cached)
+def _parse(endpoint: str, answer: Any) -> tuple[list[str], list[str], tuple[int, int, int]]:
+    """Texts, finish reasons and (prompt, completion, cached) tokens of a 200 answer's JSON;
+    MalformedResponse if it lacks them or its counts are no counts (:mod:`agents.llm.answers`)."""
+    choices = json_object(answer, "the answer").get("choices")
+    if not isinstance(choices, list) or not choices:
+        raise MalformedResponse("no choices")
+    choices = sorted(
+        (json_object(ch, "a choice") for ch in choices),
+        key=lambda ch: ch["index"] if isinstance(ch.get("index"), int) else 0,
+    )
+    if endpoint == "completions":
+        texts = [ch.get("text") for ch in choices]
+    else:
+        texts = [json_object(ch.get("message"), "a message").get("content") or "" for ch in choices]
+    if not all(isinstance(t, str) for t in texts):
+        raise MalformedResponse("a choice without text")
+    finishes = [str(ch.get("finish_reason") or "stop") for ch in choices]
+    usage = json_object(answer.get("usage"), "usage")
+    details = json_object(usage.get("prompt_tokens_details"), "usage.prompt_tokens_details")
+    return (
+        texts,
+        finishes,
+        (
+            count(usage.get("prompt_tokens"), "usage.prompt_tokens"),
+            count(usage.get("completion_tokens"), "usage.completion_tokens"),
+            count(details.get("cached_tokens"), "usage.prompt_tokens_details.cached_tokens"),
+        ),
+    )

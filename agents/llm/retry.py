@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from agents.llm.answers import MalformedResponse
 from agents.llm.base import BackendError
 from agents.llm.common import context_limit_error, opt_float, opt_int
 
@@ -39,10 +40,6 @@ class Retryable(Exception):
         super().__init__(reason)
         self.reason = reason
         self.retry_after = retry_after
-
-
-class MalformedResponse(Exception):
-    """The server answered 200 with something that is not the expected JSON."""
 
 
 @dataclass(frozen=True)
@@ -103,7 +100,9 @@ def classify_sdk_error(sdk: Any, exc: BaseException) -> Retryable | None:
             headers = dict(exc.response.headers) if exc.response is not None else {}
             return Retryable(f"HTTP {status}", parse_retry_after(headers))
         return None
-    if isinstance(exc, MalformedResponse | json.JSONDecodeError | UnicodeDecodeError):
+    if isinstance(exc, MalformedResponse):
+        return Retryable(f"malformed response ({exc})")
+    if isinstance(exc, json.JSONDecodeError | UnicodeDecodeError):
         return Retryable(f"malformed response ({type(exc).__name__})")
     return None
 

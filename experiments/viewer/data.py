@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -11,9 +12,12 @@ from agents import arms
 from agents.parsing import was_mapped
 from agents.prompting import transcript_action
 from agents.react import prompt_at
+from experiments.errors import RunStoreError
 from experiments.experience import INSIGHTS_KEY, shown, summary
 from experiments.store import EpisodeRow, Outcome, RunReader, StepCounts
 from memory.records import EndClass, SearchTree, Step, StepKind, classify_end
+
+log = logging.getLogger("reflexsim.viewer")
 
 if TYPE_CHECKING:  # types only: the report imports the viewer's page writer
     from experiments.report import RunSummary
@@ -70,9 +74,13 @@ def run_experience(reader: RunReader, manifest: dict[str, Any]) -> dict[str, Any
     """A gathering run's rule growth per extraction step, and a run shown experience: its
     source and success per task type (:func:`experiments.experience.summary`, without the
     episodes); None for a run that is neither."""
-    if reader.get_meta(INSIGHTS_KEY) is None and manifest.get("experience") is None:
+    try:
+        if reader.get_meta(INSIGHTS_KEY) is None and manifest.get("experience") is None:
+            return None
+        seen = summary(reader.run_dir)
+    except RunStoreError as exc:  # a malformed kept rule list: the run is shown without it
+        log.warning("%s", exc)
         return None
-    seen = summary(reader.run_dir)
     return {k: seen[k] for k in ("rule_growth", "experience", "success_by_type") if k in seen}
 
 

@@ -19,7 +19,19 @@ whatever order concurrent requests arrive in. Kinds:
 - ``endless``: ``200`` with a chunked body that never ends (a chunk every ``trickle_s``).
 
 ``trickle`` and ``endless`` are never picked by default (they hold a request until the client
-gives up): name them in ``kinds``.
+gives up): name them in ``kinds``. Neither are the misbehaviours of a server that answers
+``200`` with what it should not (:data:`ODD_ANSWERS`, :data:`BROKEN_ANSWERS`):
+
+- ``surrogate``: the answer's text holds a lone UTF-16 surrogate (JSON ``"\ud800"``);
+- ``control``: the answer's text holds control characters and terminal escapes;
+- ``huge``: the answer's text is 10 MB long, whatever ``max_tokens`` asked;
+- ``garbage``: the text is lines no rule extraction or rating understands (``AGREE`` with 5,000
+  digits, ``EDIT 0:``, ``REMOVE`` of a rule that is not there, escapes);
+- ``negative_usage``, ``string_usage``, ``infinite_usage``: the usage's token counts are
+  -1,000,000,000, the string ``"12"``, or ``Infinity`` (which Python's JSON reader accepts);
+- ``empty_choices``: no choice (an Anthropic answer: no content);
+- ``cut``: a good answer's headers and half its body, then the connection is closed;
+- ``odd_error``: ``400`` whose message holds terminal escapes and a lone surrogate.
 
 ``routes`` names the endpoints the server has (default all three: ``ROUTES``); a POST to
 another is ``404`` (a server with no chat endpoint: ``routes=("/completions",)``). Every POST's
@@ -46,6 +58,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import socket
 import struct
 import threading
@@ -58,7 +71,46 @@ from typing import Any
 
 ROUTES = ("/chat/completions", "/completions", "/messages")
 FAULT_KINDS = ("timeout", "429", "500", "reset", "malformed")
-ALL_FAULT_KINDS = (*FAULT_KINDS, "503", "drop", "trickle", "endless")
+# answered 200 with text a client must take as it is (and store)
+ODD_ANSWERS = ("surrogate", "control", "huge", "garbage")
+# answered 200 with what is no answer: a client retries them as server faults
+# (with ``malformed``, a truncated JSON body)
+BROKEN_ANSWERS = ("negative_usage", "string_usage", "infinite_usage", "empty_choices", "cut")
+ALL_FAULT_KINDS = (
+    *FAULT_KINDS, "503", "drop", "trickle", "endless", *ODD_ANSWERS, *BROKEN_ANSWERS, "odd_error",
+)  # fmt: skip
+HUGE_CHARS = 10_000_000
+CONTROLS = "\x00\x07\x1b[2J\x1b]0;pwned\x07\x7f\x9b"
+GARBAGE = (
+    f"AGREE {'9' * 5000}\nEDIT 0: nothing\nREMOVE 99999999999\nADD:\nEDIT {'7' * 4400}: x\n"
+    f"{CONTROLS}\n10{'0' * 5000}"
+)
+
+
+def odd_text(kind: str, text: str) -> str:
+    """The text a server misbehaving as ``kind`` (one of :data:`ODD_ANSWERS`) sends for ``text``."""
+    if kind == "surrogate":
+        return text[:3] + "\ud800" + text[3:]
+    if kind == "control":
+        return text[:3] + CONTROLS + text[3:]
+    if kind == "huge":
+        return (text + " ") * (HUGE_CHARS // (len(text) + 1) + 1)
+    return GARBAGE
+
+
+def broken(kind: str, route: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """``payload`` (a good answer on ``route``) as a server misbehaving as ``kind`` (one of
+    :data:`BROKEN_ANSWERS`) sends it."""
+    bad = {"negative_usage": -1_000_000_000, "string_usage": "12", "infinite_usage": math.inf}
+    if kind in bad:
+        usage = payload["usage"]
+        for key in [k for k in usage if k.endswith("_tokens") and k != "total_tokens"]:
+            usage[key] = bad[kind]
+    elif kind == "empty_choices" and route == "/messages":
+        payload["content"] = None
+    elif kind == "empty_choices":
+        payload["choices"] = []
+    return payload
 
 
 def echo_answer(prompt_text: str) -> str:
@@ -154,14 +206,19 @@ class _Handler(BaseHTTPRequestHandler):
         pass  # keep test output clean
 
     # -- plumbing ------------------------------------------------------------------------------
-    def _send(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
-        raw = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    def _head(self, status: int, raw: bytes, headers: dict[str, str] | None = None) -> None:
+        """The status line and headers of a JSON answer whose body is ``raw``."""
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(raw)))
         for k, v in (headers or {}).items():
             self.send_header(k, v)
         self.end_headers()
+        self.wfile.flush()
+
+    def _send(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
+        raw = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+        self._head(status, raw, headers)
         self.wfile.write(raw)
         self.wfile.flush()
 
@@ -258,13 +315,21 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- answers -------------------------------------------------------------------------------
     def _answer(
-        self, route: str, body: dict[str, Any], text: str, send: Callable[..., None] | None = None
+        self,
+        route: str,
+        body: dict[str, Any],
+        text: str,
+        send: Callable[..., None] | None = None,
+        fault: str | None = None,
     ) -> None:
-        """The good answer, sent by ``send`` (default :meth:`_send`)."""
+        """The good answer, sent by ``send`` (default :meth:`_send`), or the answer a server
+        misbehaving as ``fault`` (one of :data:`ODD_ANSWERS` or :data:`BROKEN_ANSWERS`) sends."""
         send = send or self._send
         state = self.server.state
         n = int(body.get("n") or 1)
         answers = [state.answer(text) + (f" #{i}" if i else "") for i in range(n)]
+        if fault in ODD_ANSWERS:
+            answers = [odd_text(fault, a) for a in answers]
         stops = body.get("stop") if route != "/messages" else body.get("stop_sequences")
         if isinstance(stops, str):
             stops = [stops]
@@ -277,69 +342,52 @@ class _Handler(BaseHTTPRequestHandler):
         prompt_tokens = word_count(text)
         completion_tokens = sum(word_count(a) for a in answers)
         model = body.get("model", "fault-model")
-        if route == "/completions":
-            send(
-                200,
-                {
-                    "id": "cmpl-fault",
-                    "object": "text_completion",
-                    "created": int(time.time()),
-                    "model": model,
-                    "choices": [
-                        {"index": i, "text": a, "finish_reason": f, "logprobs": None}
-                        for i, (a, f) in enumerate(zip(answers, finish, strict=True))
-                    ],
-                    "usage": {
-                        "prompt_tokens": prompt_tokens,
-                        "completion_tokens": completion_tokens,
-                        "total_tokens": prompt_tokens + completion_tokens,
-                        "prompt_tokens_details": {"cached_tokens": prompt_tokens // 2},
-                    },
+        answered = list(enumerate(zip(answers, finish, strict=True)))
+        payload: dict[str, Any]
+        if route == "/messages":
+            payload = {
+                "id": "msg_fault",
+                "type": "message",
+                "role": "assistant",
+                "model": model,
+                "content": [{"type": "text", "text": answers[0]}],
+                "stop_reason": "end_turn",
+                "stop_sequence": None,
+                "usage": {
+                    "input_tokens": prompt_tokens - prompt_tokens // 2,
+                    "cache_read_input_tokens": prompt_tokens // 2,
+                    "cache_creation_input_tokens": 0,
+                    "output_tokens": word_count(answers[0]),
                 },
-            )
-        elif route == "/chat/completions":
-            send(
-                200,
-                {
-                    "id": "chatcmpl-fault",
-                    "object": "chat.completion",
-                    "created": int(time.time()),
-                    "model": model,
-                    "choices": [
-                        {
-                            "index": i,
-                            "message": {"role": "assistant", "content": a},
-                            "finish_reason": f,
-                        }
-                        for i, (a, f) in enumerate(zip(answers, finish, strict=True))
-                    ],
-                    "usage": {
-                        "prompt_tokens": prompt_tokens,
-                        "completion_tokens": completion_tokens,
-                        "total_tokens": prompt_tokens + completion_tokens,
-                        "prompt_tokens_details": {"cached_tokens": prompt_tokens // 2},
-                    },
-                },
-            )
+            }
+        elif route == "/completions":
+            payload = {
+                "id": "cmpl-fault",
+                "object": "text_completion",
+                "choices": [
+                    {"index": i, "text": a, "finish_reason": f, "logprobs": None}
+                    for i, (a, f) in answered
+                ],
+            }
         else:
-            send(
-                200,
-                {
-                    "id": "msg_fault",
-                    "type": "message",
-                    "role": "assistant",
-                    "model": model,
-                    "content": [{"type": "text", "text": answers[0]}],
-                    "stop_reason": "end_turn",
-                    "stop_sequence": None,
-                    "usage": {
-                        "input_tokens": prompt_tokens - prompt_tokens // 2,
-                        "cache_read_input_tokens": prompt_tokens // 2,
-                        "cache_creation_input_tokens": 0,
-                        "output_tokens": word_count(answers[0]),
-                    },
-                },
-            )
+            payload = {
+                "id": "chatcmpl-fault",
+                "object": "chat.completion",
+                "choices": [
+                    {"index": i, "message": {"role": "assistant", "content": a}, "finish_reason": f}
+                    for i, (a, f) in answered
+                ],
+            }
+        if route != "/messages":
+            payload["created"] = int(time.time())
+            payload["model"] = model
+            payload["usage"] = {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": prompt_tokens // 2},
+            }
+        send(200, broken(fault, route, payload) if fault in BROKEN_ANSWERS else payload)
 
     def _error(
         self, route: str, status: int, message: str, headers: dict[str, str] | None = None
@@ -355,11 +403,7 @@ class _Handler(BaseHTTPRequestHandler):
         """A good answer's headers, then its body a byte at a time, until it is sent or the
         client has gone."""
         raw = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(raw)))
-        self.end_headers()
-        self.wfile.flush()
+        self._head(status, raw, headers)
         try:
             for i in range(len(raw)):
                 time.sleep(self.server.state.plan.trickle_s)
@@ -367,6 +411,16 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.flush()
         except OSError:
             self.close_connection = True
+
+    def _cut(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
+        """A good answer's headers and half its body, then the connection is closed."""
+        raw = json.dumps(payload).encode()
+        self._head(status, raw, headers)
+        self.wfile.write(raw[: len(raw) // 2])
+        self.wfile.flush()
+        self.connection.shutdown(socket.SHUT_RDWR)
+        self.connection.close()
+        self.close_connection = True
 
     def _endless(self) -> None:
         """``200`` and a chunked body that never ends, until the client has gone."""
@@ -386,7 +440,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _inject(self, fault: str, route: str, body: dict[str, Any], text: str) -> None:
         plan = self.server.state.plan
-        if fault == "trickle":
+        if fault in ODD_ANSWERS or fault in BROKEN_ANSWERS:
+            self._answer(route, body, text, send=self._cut if fault == "cut" else None, fault=fault)
+        elif fault == "trickle":
             self._answer(route, body, text, send=self._trickle)
         elif fault == "endless":
             self._endless()
@@ -400,6 +456,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(route, 429, "rate limited", {"Retry-After": plan.retry_after})
         elif fault in ("500", "503"):
             self._error(route, int(fault), f"injected {fault}")
+        elif fault == "odd_error":
+            self._error(route, 400, f"bad request {CONTROLS} \ud800 here")
         elif fault == "malformed":
             self._send(200, b'{"id": "cmpl-fault", "object": "text_completion", "choices": [{"te')
         elif fault == "reset":
