@@ -45,7 +45,10 @@ def atomic_write(
             os.fsync(f.fileno())
             if named is None:
                 named = _give_name(f.fileno(), target)
-        os.replace(named, target)
+        try:
+            os.replace(named, target)
+        except OSError as exc:  # named after the file the user asked for, not the temporary
+            raise type(exc)(exc.errno, exc.strerror, str(target)) from None
     except BaseException:
         if named is not None:
             named.unlink(missing_ok=True)
