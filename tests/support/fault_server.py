@@ -48,6 +48,12 @@ Usage::
         ...
         server.stats()  # faults injected by kind, requests seen
 
+``engine`` gives the good answers a model's timing and token counts: a thread that serves one
+waits in ``engine.complete(prompt_text, answers)`` until they are generated, the answer's
+usage is the counts it returns (``cached_tokens`` among them), and ``GET /stats`` is
+``engine.stats()`` (see :mod:`tests.support.gpu_standin`). A prompt the engine cannot hold
+(``ValueError``) gets ``400``.
+
 ``api_key`` makes the server check ``Authorization: Bearer`` / ``x-api-key``; a wrong key gets
 401 with the key echoed in the error (as some servers do), to test that clients scrub it.
 Usable from any test: it needs the standard library only.
@@ -67,7 +73,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Protocol
 
 ROUTES = ("/chat/completions", "/completions", "/messages")
 FAULT_KINDS = ("timeout", "429", "500", "reset", "malformed")
@@ -164,6 +170,18 @@ class FaultPlan:
             raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {ALL_FAULT_KINDS}")
 
 
+class Timing(Protocol):
+    """A model's timing behind the server (see ``engine`` above)."""
+
+    def complete(self, prompt: str, answers: list[str]) -> tuple[int, int, int]:
+        """(prompt, completion, cached) tokens, once the answers are generated."""
+        ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+    def stop(self) -> None: ...
+
+
 @dataclass
 class Event:
     """One request as the server saw it; ``answered`` is None while it is still in flight."""
@@ -182,6 +200,7 @@ class _State:
     answer: Callable[[str], str]
     api_key: str | None
     routes: tuple[str, ...] = ROUTES
+    engine: Timing | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     attempts: Counter[str] = field(default_factory=Counter)
     faults_of: Counter[str] = field(default_factory=Counter)
@@ -227,6 +246,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, {"status": "ok"})
         elif self.path.rstrip("/").endswith("/models"):
             self._send(200, {"object": "list", "data": [{"id": "fault-model", "object": "model"}]})
+        elif self.path.rstrip("/").endswith("/stats") and self.server.state.engine is not None:
+            self._send(200, self.server.state.engine.stats())
         else:
             self._send(404, {"error": {"message": f"no route {self.path}"}})
 
@@ -341,6 +362,15 @@ class _Handler(BaseHTTPRequestHandler):
             finish.append("stop")
         prompt_tokens = word_count(text)
         completion_tokens = sum(word_count(a) for a in answers)
+        cached_tokens = prompt_tokens // 2
+        if state.engine is not None:
+            try:
+                prompt_tokens, completion_tokens, cached_tokens = state.engine.complete(
+                    text, answers
+                )
+            except ValueError as exc:
+                self._error(route, 400, str(exc))
+                return
         model = body.get("model", "fault-model")
         answered = list(enumerate(zip(answers, finish, strict=True)))
         payload: dict[str, Any]
@@ -354,8 +384,8 @@ class _Handler(BaseHTTPRequestHandler):
                 "stop_reason": "end_turn",
                 "stop_sequence": None,
                 "usage": {
-                    "input_tokens": prompt_tokens - prompt_tokens // 2,
-                    "cache_read_input_tokens": prompt_tokens // 2,
+                    "input_tokens": prompt_tokens - cached_tokens,
+                    "cache_read_input_tokens": cached_tokens,
                     "cache_creation_input_tokens": 0,
                     "output_tokens": word_count(answers[0]),
                 },
@@ -385,7 +415,7 @@ class _Handler(BaseHTTPRequestHandler):
                 "prompt_tokens": prompt_tokens,
                 "completion_tokens": completion_tokens,
                 "total_tokens": prompt_tokens + completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": prompt_tokens // 2},
+                "prompt_tokens_details": {"cached_tokens": cached_tokens},
             }
         send(200, broken(fault, route, payload) if fault in BROKEN_ANSWERS else payload)
 
@@ -493,11 +523,12 @@ class FaultServer:
         routes: tuple[str, ...] = ROUTES,
         host: str = "127.0.0.1",
         port: int = 0,
+        engine: Timing | None = None,
     ) -> None:
         self.plan = plan or FaultPlan()
         self._httpd = _Server((host, port), _Handler)
         self._httpd.state = _State(
-            plan=self.plan, answer=answer, api_key=api_key, routes=tuple(routes)
+            plan=self.plan, answer=answer, api_key=api_key, routes=tuple(routes), engine=engine
         )
         self._thread: threading.Thread | None = None
 
@@ -522,6 +553,8 @@ class FaultServer:
     def stop(self) -> None:
         self._httpd.shutdown()
         self._httpd.server_close()
+        if self._httpd.state.engine is not None:
+            self._httpd.state.engine.stop()
         if self._thread is not None:
             self._thread.join(timeout=5)
 
@@ -559,6 +592,10 @@ class FaultServer:
         """Each request's headers (names in lower case), in the order of :attr:`bodies`."""
         with self._httpd.state.lock:
             return list(self._httpd.state.headers)
+
+    @property
+    def engine(self) -> Timing | None:
+        return self._httpd.state.engine
 
     def stats(self) -> dict[str, int]:
         """``{"requests": n, "answered": n, <fault kind>: n, ...}``."""
