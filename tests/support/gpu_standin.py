@@ -488,8 +488,8 @@ def site_of(prompt: str) -> CallSite:
     at = prompt.rfind(TASK_LINE)
     if at < 0:
         return CallSite()
-    start = prompt.rfind("\n\n", 0, at)
-    first = prompt[start + 1 if start >= 0 else 0 : at]
+    head = prompt[:at].rstrip()
+    first = head[head.rfind("\n\n") + 1 :]  # the paragraph up to the task line
     history = tuple(
         line[2:].strip() for line in prompt[at:].splitlines() if line.startswith("> ")
     )
