@@ -490,9 +490,7 @@ def site_of(prompt: str) -> CallSite:
         return CallSite()
     head = prompt[:at].rstrip()
     first = head[head.rfind("\n\n") + 1 :]  # the paragraph up to the task line
-    history = tuple(
-        line[2:].strip() for line in prompt[at:].splitlines() if line.startswith("> ")
-    )
+    history = tuple(line[2:].strip() for line in prompt[at:].splitlines() if line.startswith("> "))
     places: list[str] = []
     for seen in _SEEN.findall(first)[-1:]:
         for part in re.split(r",\s*(?:and\s+)?|\s+and\s+", seen):
@@ -528,4 +526,3 @@ def standin_server(
     Start it with ``with standin_server(...) as server:``."""
     live = LiveEngine(preset, time_scale=time_scale, kv_capacity_tokens=kv_capacity_tokens)
     return FaultServer(FaultPlan(), answer=text_policy(policy), engine=live, port=port)
-
