@@ -4,6 +4,7 @@ headless Chromium for the viewer (skipped without it)."""
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,13 @@ from typing import Any
 import pytest
 
 from tests.support.browser import launch
+
+# A suite started in the background by a non-interactive shell (`nohup ... &`, a CI step) inherits
+# SIGINT ignored, and so would every process the tests start: the tests that press Ctrl-C on a
+# run or a viewer would see it ignored. The tests run as from a terminal: Python's own handler
+# here (its processes start with the default action, and install theirs).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "alfworld_data"
 # REFLEXSIM_FULL_CHECKS=1: the checks that sample a large set (every real game's walkthrough, the
