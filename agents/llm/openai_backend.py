@@ -59,11 +59,11 @@ holds them, instead of wherever vLLM's balancer sends each one.
 
 ``send_session_id`` (default: on for a ``vllm:`` spec with ``base_url``, off otherwise): an actor
 request carries its episode's session id (:attr:`~agents.llm.base.Request.session`) as the
-``session_id`` field of vLLM's completions and chat requests (0.32 and later), so that a router
-in front of several servers or engines can keep an episode's KV cache together. vLLM's request
-models ignore fields they do not know (older servers ignore this one); other servers may refuse
-an unknown field, so an ``openai:`` spec sends it only when asked (``send_session_id=true``), and
-never to api.openai.com.
+``session_id`` field of vLLM's completions and chat requests (0.32 and 0.34 have it), so that a
+router in front of several servers or engines can keep an episode's KV cache together. vLLM's
+request models ignore fields they do not know (older servers ignore this one); other servers
+may refuse an unknown field, so an ``openai:`` spec sends it only when asked
+(``send_session_id=true``), and never to api.openai.com.
 
 Usage: prompt, completion and cached tokens as the server reports them (0 where it reports
 none). ``extra_body`` is sent with every request (e.g. ``{"repeat_penalty": 1.0}`` for a
