@@ -108,6 +108,14 @@ class Request:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("a Request needs exactly one of prompt or messages")
 
+    @property
+    def session(self) -> str | None:
+        """The session id an engine or a router keeps one conversation's KV cache together by
+        (vLLM's ``session_id``): the call site's episode id (stable across resumes) on the
+        actor's calls, whose prompts all extend the episode's one append-only prompt; None for
+        other calls (a reflection, judge, plan or value prompt is a prompt of its own)."""
+        return self.site.episode if self.purpose == "act" else None
+
     def to_json(self) -> dict[str, Any]:
         """The request as JSON-ready data, for a backend in another process."""
         return {

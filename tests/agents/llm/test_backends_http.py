@@ -18,7 +18,15 @@ from typing import Any
 
 import pytest
 
-from agents.llm import BackendError, GenerationConfig, Message, Request, make_backend
+from agents.llm import (
+    BackendError,
+    CallSite,
+    GenerationConfig,
+    Message,
+    Request,
+    SpecError,
+    make_backend,
+)
 from agents.llm.common import CONTINUE_INSTRUCTION
 
 try:
@@ -154,6 +162,40 @@ def test_openai_chat_messages_prefill_and_n(monkeypatch: pytest.MonkeyPatch) -> 
     assert prefill_body["continue_final_message"] is True
     assert prefill_body["add_generation_prompt"] is False
     assert many.alternatives == (many.text + " #1", many.text + " #2")
+
+
+def test_served_actor_requests_carry_their_episodes_session_id_where_enabled() -> None:
+    """A ``vllm:`` model at a server sends ``session_id`` (vLLM's request field) with its actor
+    requests, each its episode's id, on both endpoints; not with a reflection, and not at all
+    where it is off: an ``openai:`` model unless asked, or a ``vllm:`` one told not to."""
+
+    def act(episode: str, prompt: str) -> Request:
+        return Request(config=CFG, prompt=prompt, site=CallSite(episode=episode, game="g"))
+
+    requests = [
+        act("g#t0", "> look"),
+        act("g#t0", "> look\nYou see a desk.\n> go to desk 1"),
+        act("g#t1", "> look"),
+        Request(config=CFG, prompt="Reflect.", purpose="reflect", site=CallSite(episode="g#t0")),
+    ]
+    cases = [
+        ("vllm:m", {}, ["g#t0", "g#t0", "g#t1", None]),
+        ("vllm:m", {"api": "chat"}, ["g#t0", "g#t0", "g#t1", None]),
+        ("vllm:m", {"send_session_id": "false"}, [None] * 4),
+        ("openai:m", {}, [None] * 4),
+        ("openai:m", {"send_session_id": "true"}, ["g#t0", "g#t0", "g#t1", None]),
+    ]
+    with FaultServer() as server:
+        for spec, options, expected in cases:
+            backend = make_backend(spec, base_url=server.url, concurrency=1, **options)
+            out = backend.generate(requests)
+            backend.close()
+            bodies = server.bodies[-len(requests) :]
+            assert [b.get("session_id") for b in bodies] == expected, (spec, options)
+            assert [(c.sent.get("extra_body") or {}).get("session_id") for c in out] == expected
+            assert backend.describe()["send_session_id"] is (expected[0] is not None)
+    with pytest.raises(SpecError, match="send_session_id is for a vLLM server"):
+        make_backend("openai:m", send_session_id=True)
 
 
 def test_non_retryable_errors_fail_at_once_and_exhausted_retries_name_the_cause() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import json
 import logging
 import os
@@ -26,6 +27,7 @@ import pytest
 from agents.llm.base import (
     ActionConstraint,
     BackendError,
+    CallSite,
     Completion,
     ContextLimitError,
     GenerationConfig,
@@ -265,6 +267,7 @@ class _FakeAsyncEngine:
         self.closed = False
         self.params: list[Any] = []
         self.prompts: list[Any] = []
+        self.sessions: list[tuple[Any, str | None]] = []  # (prompt, session_id) of each call
 
     @classmethod
     def from_engine_args(cls, args: _FakeAsyncEngineArgs) -> _FakeAsyncEngine:
@@ -275,9 +278,21 @@ class _FakeAsyncEngine:
     def get_tokenizer(self) -> _FakeTokenizer:
         return _FakeTokenizer()
 
-    async def generate(self, prompt: Any, params: Any, request_id: str) -> Any:
+    async def generate(
+        self,
+        prompt: Any,
+        params: Any,
+        request_id: str,
+        *,
+        prompt_text: str | None = None,
+        priority: int = 0,
+        data_parallel_rank: int | None = None,
+        session_id: str | None = None,
+    ) -> Any:
+        """``AsyncLLM.generate`` as vLLM 0.34 has it (its other keywords left out)."""
         self.params.append(params)
         self.prompts.append(prompt)
+        self.sessions.append((prompt, session_id))
         self.in_flight += 1
         if self.in_flight >= self.expected:
             self.all_in.set()
@@ -614,6 +629,71 @@ def test_the_runner_hands_every_request_to_the_async_engine(
     assert sent and all(p["prompt_token_ids"] == [256, *p["prompt"].encode()] for p in sent)
     log = (run_dir / "run.log").read_text()
     assert "vllm async engine ready" in log and "vllm generate: batch=" not in log
+
+
+def test_each_episode_sends_its_own_session_id_to_the_async_engine(
+    fake_vllm: types.ModuleType, generated_games: Path, tmp_path: Path
+) -> None:
+    """A Reflexion run on the async engine: every actor call of an episode carries the same
+    ``session_id`` (the episode's id), each episode its own, and the reflections, prompts of
+    their own, none. Each session's prompts are one growing prompt, so an engine or a router
+    that keeps a session together keeps the episode's KV cache together."""
+    from experiments.config import RunConfig
+    from experiments.session import run
+
+    run_dir = tmp_path / "run"
+    cfg = RunConfig.of(
+        model="vllm:m", agent="reflexion", data=str(generated_games),
+        split="eval_out_of_distribution", games=2, trials=2, max_steps=3, concurrency=2,
+        workers=1, run_dir=str(run_dir),
+    )  # fmt: skip
+    store = RunStore(run(cfg), readonly=True)
+    try:
+        episodes = {e.episode_id for e in store.episodes()}
+        calls = store.calls_by_purpose()
+    finally:
+        store.close()
+    (engine,) = _FakeAsyncEngine.instances
+    by_session: dict[str | None, list[str]] = {}
+    for prompt, session in engine.sessions:
+        by_session.setdefault(session, []).append(prompt["prompt"])
+    assert len(episodes) == 4 and set(by_session) - {None} == episodes
+    assert len(by_session[None]) == calls["reflect"].calls > 0
+    for session in episodes:
+        prompts = by_session[session]
+        assert len(prompts) == 3  # every step of the episode
+        assert all(later.startswith(earlier) for earlier, later in itertools.pairwise(prompts))
+
+
+def test_an_engine_without_session_ids_gets_none(fake_vllm: types.ModuleType) -> None:
+    """vLLM releases whose ``AsyncLLM.generate`` has no ``session_id`` get the call they take
+    (read once, from the signature, when the backend is built)."""
+
+    class OlderEngine(_FakeAsyncEngine):
+        async def generate(self, prompt: Any, params: Any, request_id: str) -> Any:  # type: ignore[override]
+            async for output in super().generate(prompt, params, request_id):
+                yield output
+
+    request = Request(config=GenerationConfig(), prompt="p>", site=CallSite(episode="g#t0"))
+    assert request.session == "g#t0"
+    fake_vllm.AsyncLLMEngine = OlderEngine  # type: ignore[attr-defined]
+    backend = VLLMBackend("m")
+    try:
+        assert asyncio.run(backend.agenerate(request)).text == " echo p>"
+        assert backend.describe()["session_ids"] is False
+    finally:
+        backend.close()
+    fake_vllm.AsyncLLMEngine = _FakeAsyncEngine  # type: ignore[attr-defined]
+    backend = VLLMBackend("m")
+    try:
+        asyncio.run(backend.agenerate(request))
+        assert backend.describe()["session_ids"] is True
+    finally:
+        backend.close()
+    assert [sessions for engine in _FakeAsyncEngine.instances for sessions in engine.sessions] == [
+        ({"prompt_token_ids": [256, *b"p>"], "prompt": "p>"}, None),
+        ({"prompt_token_ids": [256, *b"p>"], "prompt": "p>"}, "g#t0"),
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
