@@ -1,6 +1,6 @@
 """Model-side faults of a run: a prompt over the model's context (llama.cpp, an OpenAI-style API),
 a model engine that died and was rebuilt, the errors of every attempt, the device share of
-several in-process models. The real vLLM cases are in tests/agents/llm/test_vllm_backend.py."""
+several in-process models. The real vLLM cases are in tests/agents/llm/test_vllm_served.py."""
 
 from __future__ import annotations
 
