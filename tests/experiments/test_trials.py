@@ -241,7 +241,7 @@ def test_the_resampling_baseline_resamples_and_a_seed_replays_it(generated_games
         return run(
             config(
                 generated_games, tmp_path / name, model="embedded", agent="react", trials=2,
-                games=2, max_steps=4, temperature=0.8, max_tokens=16, workers=1, concurrency=1,
+                games=1, max_steps=3, temperature=0.8, max_tokens=16, workers=1, concurrency=1,
                 seed=11,
             )
         )  # fmt: skip
