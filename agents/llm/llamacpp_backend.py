@@ -165,25 +165,29 @@ def route(
     slots: Sequence[Sequence[int]],
     last_used: Sequence[int],
     capacity: int,
+    block: int = 1,
 ) -> list[int]:
     """Pick a slot for each prompt: an index into ``slots``, or ``len(slots)`` and up for new
-    slots (at most ``capacity`` slots in all).
+    slots (at most ``capacity`` slots in all). ``slots`` holds what each slot's cache may be
+    reused for; ``block`` is the reuse granularity (:func:`reusable`).
 
-    Pairs are taken best first by common token prefix, each slot serving one prompt of the
-    batch; a prompt that shares nothing with any unclaimed slot gets an empty slot (the one made
-    at load), else a new slot while there is room, else the unclaimed (or, if none, any) slot sharing most with it. Ties go to the least
-    recently used slot.
+    A slot is a prompt's own when all it holds is a prefix of the prompt (the same episode's
+    previous step). Each slot serves one prompt of the batch: prompts take their own slots first,
+    longest first; a prompt without one takes a fresh slot (the empty one made at load, else a
+    new one while there is room) rather than another episode's, whose next step would then be
+    evaluated cold; with no room left, the unclaimed (or, if none, any) slot it can reuse most
+    of, ties to the least recently used.
     """
     shared = [[common_prefix(p, t) for t in slots] for p in prompts]
-    pairs = sorted(
+    own = sorted(
         (-shared[i][s], last_used[s], s, i)
         for i in range(len(prompts))
         for s in range(len(slots))
-        if shared[i][s] > 0
+        if slots[s] and shared[i][s] == len(slots[s])
     )
     chosen: dict[int, int] = {}
     claimed: set[int] = set()
-    for _, _, s, i in pairs:
+    for _, _, s, i in own:
         if i not in chosen and s not in claimed:
             chosen[i] = s
             claimed.add(s)
@@ -192,19 +196,16 @@ def route(
     for i in range(len(prompts)):
         if i in chosen:
             continue
-        if empty:  # a slot that holds nothing yet (the first one, before any request)
+        if empty:
             chosen[i] = empty.pop(0)
-            claimed.add(chosen[i])
-            continue
-        if total < capacity:
+        elif total < capacity:
             chosen[i] = total
             total += 1
-            continue
-        free = [s for s in range(len(slots)) if s not in claimed] or list(range(len(slots)))
-        row = shared[i]
-        best = max(free, key=lambda s: (row[s], -last_used[s]))
-        chosen[i] = best
-        claimed.add(best)
+        else:
+            free = [s for s in range(len(slots)) if s not in claimed] or list(range(len(slots)))
+            row = [reusable(shared[i][s], len(prompts[i]), block) for s in range(len(slots))]
+            chosen[i] = max(free, key=lambda s: (row[s], -last_used[s]))
+        claimed.add(chosen[i])
     return [chosen[i] for i in range(len(prompts))]
 
 
@@ -381,12 +382,7 @@ class LlamaCppBackend:
         with self._lock:
             rendered = [self.render(r) for r in requests]
             tokens = [self.tokenize(text, bos) for text, bos, _ in rendered]
-            picks = route(
-                tokens,
-                [s.tokens for s in self._slots],
-                [s.last_used for s in self._slots],
-                self.max_slots,
-            )
+            picks = self._route(tokens)
             results: list[Completion] = []
             for request, (text, _, extra_stops), toks, pick in zip(
                 requests, rendered, tokens, picks, strict=True
@@ -395,6 +391,21 @@ class LlamaCppBackend:
                     self._slots.append(self._new_slot())
                 results.append(self._run(self._slots[pick], request, text, toks, extra_stops))
             return results
+
+    @property
+    def block(self) -> int:
+        """A slot's cache is reused in whole blocks of this many tokens: ``n_batch`` (see
+        "Replay" in the module docstring)."""
+        return self.n_batch
+
+    def _route(self, prompts: Sequence[Sequence[int]]) -> list[int]:
+        return route(
+            prompts,
+            [s.tokens for s in self._slots],
+            [s.last_used for s in self._slots],
+            self.max_slots,
+            self.block,
+        )
 
     def _run(
         self, slot: _Slot, request: Request, text: str, tokens: list[int], extra_stops: list[str]
@@ -410,7 +421,7 @@ class LlamaCppBackend:
         self._clock += 1
         slot.last_used = self._clock
         slot.served += 1
-        reused = reusable(common_prefix(slot.tokens, tokens), len(tokens), self.n_batch)
+        reused = reusable(common_prefix(slot.tokens, tokens), len(tokens), self.block)
         slot.tokens = []  # until this completion is done, nothing in the cache is trusted
         stops = list(c.stop) + [s for s in extra_stops if s not in c.stop]
         start = time.perf_counter()
@@ -442,7 +453,7 @@ class LlamaCppBackend:
             texts.append((t, finish))
             completion_tokens += int(out["usage"]["completion_tokens"])
         latency = time.perf_counter() - start
-        slot.tokens = tokens[: len(tokens) // self.n_batch * self.n_batch]
+        slot.tokens = tokens[: len(tokens) // self.block * self.block]
         return Completion(
             text=texts[0][0],
             finish_reason=texts[0][1],
