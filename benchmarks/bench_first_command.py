@@ -43,8 +43,8 @@ from timing import median_time  # noqa: E402
 from agents.llm import llamacpp_backend  # noqa: E402
 from agents.llm.llamacpp_backend import (  # noqa: E402
     LlamaCppBackend,
-    common_prefix,
     embedded_model_path,
+    route,
 )
 from experiments.config import RunConfig  # noqa: E402
 from experiments.session import run  # noqa: E402
@@ -71,52 +71,18 @@ class Measured(LlamaCppBackend):
         super().close()
 
 
-def steal_route(
-    prompts: Sequence[Sequence[int]],
-    slots: Sequence[Sequence[int]],
-    last_used: Sequence[int],
-    capacity: int,
-) -> list[int]:
-    """The routing two rounds ago: a prompt took the unclaimed slot sharing the longest prefix
-    with it, any shared token counting (the BOS token, the instruction), and a new slot only
-    when it shared nothing with every unclaimed slot."""
-    shared = [[common_prefix(p, t) for t in slots] for p in prompts]
-    pairs = sorted(
-        (-shared[i][s], last_used[s], s, i)
-        for i in range(len(prompts))
-        for s in range(len(slots))
-        if shared[i][s] > 0
-    )
-    chosen: dict[int, int] = {}
-    for _, _, s, i in pairs:
-        if i not in chosen and s not in chosen.values():
-            chosen[i] = s
-    total = len(slots)
-    empty = [s for s in range(len(slots)) if not slots[s] and s not in chosen.values()]
-    for i in range(len(prompts)):
-        if i in chosen:
-            continue
-        if empty:
-            chosen[i] = empty.pop(0)
-        elif total < capacity:
-            chosen[i], total = total, total + 1
-        else:
-            free = [s for s in range(len(slots)) if s not in chosen.values()] or list(
-                range(len(slots))
-            )
-            chosen[i] = max(free, key=lambda s: (shared[i][s], -last_used[s]))
-    return [chosen[i] for i in range(len(prompts))]
-
-
 class BaseDefaults(Measured):
-    """The base commit: whole n_batch blocks, routed as two rounds ago."""
+    """The base commit: whole n_batch blocks, routed as two rounds ago: a prompt took the
+    unclaimed slot sharing the longest prefix with it, any shared token counting (the BOS
+    token, the instruction), and a new slot only when it shared nothing with every one."""
 
     def _route(self, prompts: Sequence[Sequence[int]]) -> list[int]:
-        return steal_route(
+        return route(
             prompts,
             [s.tokens for s in self._slots],
             [s.last_used for s in self._slots],
             self.max_slots,
+            owns=lambda shared, held: shared > 0,
         )
 
 

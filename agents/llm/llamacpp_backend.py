@@ -12,8 +12,12 @@ buffer (512 MiB for Gemma 3's 262k vocabulary at ``n_batch=512``) on every compl
 measured several seconds per step and 11 GiB of memory for four episodes. So the backend keeps
 up to ``slots`` contexts (weights are memory-mapped once by the OS; each context costs its KV
 cache and compute buffers, about 200 MB at ``n_ctx=8192`` for Gemma 3 270M) and routes each
-request to the context holding the longest reusable prefix of it, so an episode's steps keep
-landing on its own warm context. Requests of a batch run one after another (CPU-bound).
+request to its own context, the one whose reusable blocks are all a prefix of it (the same
+episode's previous step), so an episode's steps keep landing on its own warm context; a request
+without one takes a fresh context while there are fewer than ``slots``, never another
+episode's (which would then evaluate its whole prompt again on its next step: with requests
+served one at a time, taking any context that shared the instruction made episodes evict each
+other at every step; see :func:`route`). Requests of a batch run one after another (CPU-bound).
 
 Sampling follows :class:`GenerationConfig` exactly: temperature (0 = greedy), top_p, seed, with
 llama.cpp's extra samplers neutral by default (``top_k=0``, ``min_p=0.0``,
@@ -50,7 +54,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -166,13 +170,15 @@ def route(
     last_used: Sequence[int],
     capacity: int,
     block: int = 1,
+    owns: Callable[[int, int], bool] = lambda shared, held: 0 < held == shared,
 ) -> list[int]:
     """Pick a slot for each prompt: an index into ``slots``, or ``len(slots)`` and up for new
     slots (at most ``capacity`` slots in all). ``slots`` holds what each slot's cache may be
     reused for; ``block`` is the reuse granularity (:func:`reusable`).
 
-    A slot is a prompt's own when all it holds is a prefix of the prompt (the same episode's
-    previous step). Each slot serves one prompt of the batch: prompts take their own slots first,
+    A slot is a prompt's own when ``owns(shared, held)``: by default when all the ``held``
+    tokens it holds are a prefix of the prompt (``shared``), as the same episode's previous
+    step's are. Each slot serves one prompt of the batch: prompts take their own slots first,
     longest first; a prompt without one takes a fresh slot (the empty one made at load, else a
     new one while there is room) rather than another episode's, whose next step would then be
     evaluated cold; with no room left, the unclaimed (or, if none, any) slot it can reuse most
@@ -183,7 +189,7 @@ def route(
         (-shared[i][s], last_used[s], s, i)
         for i in range(len(prompts))
         for s in range(len(slots))
-        if slots[s] and shared[i][s] == len(slots[s])
+        if owns(shared[i][s], len(slots[s]))
     )
     chosen: dict[int, int] = {}
     claimed: set[int] = set()
