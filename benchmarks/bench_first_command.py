@@ -10,17 +10,18 @@ plays the same slice, ``--repeats`` times, the settings taking turns:
   before a new slot was made;
 - ``base``: the base commit: whole 128-token blocks, the same routing;
 - ``new-N``: whole ``N``-token blocks (``n_batch=N``) and each episode on its own slot (a prompt
-  without one takes a fresh slot while there is room), for each ``N`` in ``--blocks``.
+  without one takes a fresh slot while there is room).
 
 Printed: per setting, per actor call (means): prompt tokens evaluated and cached, seconds, and
 how llama.cpp's own counters split the model time (prompt evaluation, decoding); the share of
 the model time spent in reflection and judge calls; slots made; wall time (median of repeats) and
-its ratio to ``old``. Then the kernel, for the choice of ``n_batch`` and threads: prompt
-evaluation tokens/s of a 1,500-token prompt at each ``n_batch`` and ``n_threads_batch``, and
-decoding tokens/s at each ``n_threads`` (medians of repeats). On a shared machine compare ratios.
+its ratio to the first setting's (``--settings``: default old, base, new-128, new-256). Then the
+kernel, for the choice of ``n_batch`` and threads: prompt evaluation tokens/s of a 1,500-token
+prompt at each ``n_batch`` and ``n_threads_batch``, and decoding tokens/s at each ``n_threads``
+(medians of repeats). On a shared machine compare ratios.
 
     python benchmarks/bench_first_command.py [--games 4] [--trials 2] [--max-steps 10]
-        [--repeats 1] [--blocks 128 256] [--skip-kernel]
+        [--repeats 1] [--settings old base new-128] [--skip-kernel]
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ def play(args: argparse.Namespace, name: str, run_dir: Path) -> dict[str, float]
 
 
 def workload(args: argparse.Namespace) -> None:
-    names = ["old", "base", *(f"new-{b}" for b in args.blocks)]
+    names = args.settings
     results: dict[str, list[dict[str, float]]] = {n: [] for n in names}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.repeats):
@@ -159,10 +160,10 @@ def workload(args: argparse.Namespace) -> None:
     )
     head = (
         f"{'setting':<9}{'calls':>6}{'evaluated':>10}{'cached':>8}{'s/call':>8}{'prompt s':>9}"
-        f"{'decode s':>9}{'refl/judge':>11}{'slots':>6}{'wall s':>8}{'old/this':>9}"
+        f"{'decode s':>9}{'refl/judge':>11}{'slots':>6}{'wall s':>8}{names[0] + '/this':>9}"
     )
     print(head)
-    old_wall = statistics.median(x["wall_s"] for x in results["old"])
+    first = statistics.median(x["wall_s"] for x in results[names[0]])
     for name in names:
         runs = results[name]
         x = runs[-1]
@@ -171,7 +172,7 @@ def workload(args: argparse.Namespace) -> None:
         print(
             f"{name:<9}{x['acts']:>6.0f}{x['evaluated']:>10.0f}{x['cached']:>8.0f}"
             f"{x['act_s']:>8.2f}{x['prompt_s'] / acts:>9.2f}{x['decode_s'] / acts:>9.2f}"
-            f"{x['reflect_share']:>10.0%}{x['slots']:>6.0f}{wall:>8.0f}{old_wall / wall:>9.2f}"
+            f"{x['reflect_share']:>10.0%}{x['slots']:>6.0f}{wall:>8.0f}{first / wall:>9.2f}"
         )
     print(
         "(prompt s, decode s: llama.cpp's counters over all calls, per actor call; refl/judge: "
@@ -223,7 +224,12 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=2)
     parser.add_argument("--max-steps", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--blocks", type=int, nargs="*", default=[128, 256])
+    parser.add_argument(
+        "--settings",
+        nargs="+",
+        default=["old", "base", "new-128", "new-256"],
+        help="old, base, new-N",
+    )
     parser.add_argument("--kernel-repeats", type=int, default=3)
     parser.add_argument("--skip-kernel", action="store_true")
     parser.add_argument("--skip-workload", action="store_true")
