@@ -32,7 +32,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,7 @@ from agents.llm import llamacpp_backend  # noqa: E402
 from agents.llm.llamacpp_backend import (  # noqa: E402
     LlamaCppBackend,
     embedded_model_path,
-    route,
+    own_slot,
 )
 from experiments.config import RunConfig  # noqa: E402
 from experiments.session import run  # noqa: E402
@@ -77,14 +77,10 @@ class BaseDefaults(Measured):
     unclaimed slot sharing the longest prefix with it, any shared token counting (the BOS
     token, the instruction), and a new slot only when it shared nothing with every one."""
 
-    def _route(self, prompts: Sequence[Sequence[int]]) -> list[int]:
-        return route(
-            prompts,
-            [s.tokens for s in self._slots],
-            [s.last_used for s in self._slots],
-            self.max_slots,
-            owns=lambda shared, held: shared > 0,
-        )
+    def _route(
+        self, prompts: Sequence[Sequence[int]], owns: Callable[[int, int], bool] = own_slot
+    ) -> list[int]:
+        return super()._route(prompts, lambda shared, held: shared > 0)
 
 
 class OldDefaults(BaseDefaults):

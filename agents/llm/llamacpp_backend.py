@@ -164,25 +164,31 @@ class _Slot:
     tokens: list[int] = field(default_factory=list)
 
 
+def own_slot(shared: int, held: int) -> bool:
+    """Whether a slot holding ``held`` reusable tokens, ``shared`` of them a prefix of a prompt,
+    is the prompt's own: all it holds is a prefix of the prompt, as the same episode's previous
+    step's blocks are."""
+    return 0 < held == shared
+
+
 def route(
     prompts: Sequence[Sequence[int]],
     slots: Sequence[Sequence[int]],
     last_used: Sequence[int],
     capacity: int,
     block: int = 1,
-    owns: Callable[[int, int], bool] = lambda shared, held: 0 < held == shared,
+    owns: Callable[[int, int], bool] = own_slot,
 ) -> list[int]:
     """Pick a slot for each prompt: an index into ``slots``, or ``len(slots)`` and up for new
     slots (at most ``capacity`` slots in all). ``slots`` holds what each slot's cache may be
     reused for; ``block`` is the reuse granularity (:func:`reusable`).
 
-    A slot is a prompt's own when ``owns(shared, held)``: by default when all the ``held``
-    tokens it holds are a prefix of the prompt (``shared``), as the same episode's previous
-    step's are. Each slot serves one prompt of the batch: prompts take their own slots first,
-    longest first; a prompt without one takes a fresh slot (the empty one made at load, else a
-    new one while there is room) rather than another episode's, whose next step would then be
-    evaluated cold; with no room left, the unclaimed (or, if none, any) slot it can reuse most
-    of, ties to the least recently used.
+    A slot is a prompt's own when ``owns(shared, held)`` (:func:`own_slot`). Each slot serves
+    one prompt of the batch: prompts take their own slots first, longest first; a prompt without
+    one takes a fresh slot (the empty one made at load, else a new one while there is room)
+    rather than another episode's, whose next step would then be evaluated cold; with no room
+    left, the unclaimed (or, if none, any) slot it can reuse most of, ties to the least recently
+    used.
     """
     shared = [[common_prefix(p, t) for t in slots] for p in prompts]
     own = sorted(
@@ -404,14 +410,12 @@ class LlamaCppBackend:
         "Replay" in the module docstring)."""
         return self.n_batch
 
-    def _route(self, prompts: Sequence[Sequence[int]]) -> list[int]:
-        return route(
-            prompts,
-            [s.tokens for s in self._slots],
-            [s.last_used for s in self._slots],
-            self.max_slots,
-            self.block,
-        )
+    def _route(
+        self, prompts: Sequence[Sequence[int]], owns: Callable[[int, int], bool] = own_slot
+    ) -> list[int]:
+        slots = [s.tokens for s in self._slots]
+        used = [s.last_used for s in self._slots]
+        return route(prompts, slots, used, self.max_slots, self.block, owns)
 
     def _run(
         self, slot: _Slot, request: Request, text: str, tokens: list[int], extra_stops: list[str]
