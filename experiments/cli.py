@@ -25,6 +25,7 @@ from experiments.errors import (
     Terminated,
     is_disk_full,
 )
+from experiments.progress import Eta
 from experiments.terminal import EscapingFormatter, escape_controls
 
 # Exit codes (README "Exit codes"): 0 finished (complete, or stopped by its budget/deadline);
@@ -149,9 +150,12 @@ class ConsoleProgress:
         self.tasks = self.solved = 0
         self.total = self.done = self.tokens = 0
         self.began = self.last_line = 0.0
+        self.max_steps = 30
+        self.eta: Eta | None = None
 
     def begin(self, summary: dict[str, Any]) -> None:
         s = summary
+        self.max_steps = int(s.get("max_steps", self.max_steps))
         again = " (resumed)" if s.get("resumed") else ""
         print(f"starting run{again} in {s['run_dir']}", file=self.stream)
         print(
@@ -167,15 +171,33 @@ class ConsoleProgress:
     def start(self, tasks: int, episodes_at_most: int, solved: int) -> None:
         self.tasks, self.solved, self.total = tasks, solved, episodes_at_most
         self.began = self.last_line = self.clock()
+        self.eta = Eta(self.max_steps, self.began)
         if self.stream.isatty():
             from tqdm import tqdm  # lazily: tqdm costs ~90 ms; only a terminal shows the bar
 
-            self.bar = tqdm(total=episodes_at_most, unit="ep", desc="episodes", file=self.stream)
+            self.bar = tqdm(
+                total=episodes_at_most,
+                unit="ep",
+                desc="episodes",
+                file=self.stream,
+                # the ETA is ours (see Eta): tqdm's own counts finished episodes only
+                bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]",
+            )
             self._postfix(0)
+
+    def _eta(self, now: float) -> str:
+        """The time left, as the progress shows it."""
+        left = max(0, self.total - self.done)
+        seconds = None if self.eta is None else self.eta.seconds_left(now, left)
+        if seconds is None and self.done:  # no steps recorded (a tree search): by episodes
+            seconds = (now - self.began) / self.done * left
+        return "?" if seconds is None else _duration(seconds)
 
     def _postfix(self, tokens: int) -> None:
         if self.bar is not None:
-            self.bar.set_postfix(solved=f"{self.solved}/{self.tasks}", tokens=tokens)
+            self.bar.set_postfix(
+                solved=f"{self.solved}/{self.tasks}", tokens=tokens, ETA=self._eta(self.clock())
+            )
 
     def _line(self) -> None:
         """The plain progress line, when ``every_s`` has passed since the last one."""
@@ -184,17 +206,21 @@ class ConsoleProgress:
             return
         self.last_line = now
         elapsed = now - self.began
-        left = max(0, self.total - self.done)
-        eta = _duration(elapsed / self.done * left) if self.done else "?"
         print(
             f"  episodes {self.done}/{self.total}, solved {self.solved}/{self.tasks}, "
-            f"{self.tokens:,} tokens, {_duration(elapsed)} elapsed, ETA {eta}",
+            f"{self.tokens:,} tokens, {_duration(elapsed)} elapsed, ETA {self._eta(now)}",
             file=self.stream,
             flush=True,
         )
 
-    def episode_done(self, won: bool, tokens: int) -> None:
+    def step_done(self, episode: str) -> None:
+        if self.eta is not None:
+            self.eta.step(episode)
+
+    def episode_done(self, won: bool, tokens: int, episode: str = "") -> None:
         self.done, self.tokens = self.done + 1, tokens
+        if self.eta is not None:
+            self.eta.episode_done(episode)
         if self.bar is not None:
             self.bar.update(1)
             self._postfix(tokens)

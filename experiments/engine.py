@@ -266,6 +266,7 @@ class _Context:
 
     def record(self, step: Step) -> None:
         self.engine.store.add_step(self.spec.episode_id, step)
+        self.engine.on_step(self.spec)
 
     def fail(self, error: str, exc: BaseException) -> None:
         """End the episode as an infrastructure error (its row is made if it has none); ``exc``'s
@@ -313,6 +314,7 @@ class Engine:
         planner: ModelClient | None = None,
         should_stop: Callable[[Usage], str | None] = lambda usage: None,
         on_episode_done: Callable[[EpisodeSpec, EpisodeEnd | None], None] = lambda s, e: None,
+        on_step: Callable[[EpisodeSpec], None] = lambda s: None,
         concurrency: int | None = None,
     ) -> None:
         self.store = store
@@ -323,6 +325,7 @@ class Engine:
         self.arm = arm
         self.should_stop = should_stop
         self.on_episode_done = on_episode_done
+        self.on_step = on_step  # a step was recorded
         self.usage = store.token_totals()
         self._free: asyncio.Queue[int] | None = None
         self.concurrency = min(concurrency or envs.slots, envs.slots)

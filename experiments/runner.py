@@ -167,6 +167,7 @@ def _begin(plan: Plan, store: RunStore, progress: Progress) -> None:
             "games": len(plan.games.tasks),
             "game_source": plan.games.source,
             "trials": cfg.protocol.trials,
+            "max_steps": cfg.protocol.max_steps,
             "concurrency": cfg.execution.concurrency,
             "workers": cfg.execution.workers,
             "config_file": str(run_dir / "config.yaml"),
@@ -202,8 +203,9 @@ def _wire(
         should_stop=Budget(cfg),
         concurrency=cfg.execution.concurrency,
         on_episode_done=lambda spec, end: progress.episode_done(
-            bool(end and end.won), engine.usage.total
+            bool(end and end.won), engine.usage.total, spec.episode_id
         ),
+        on_step=lambda spec: progress.step_done(spec.episode_id),
     )
     return engine, clients
 

@@ -12,8 +12,12 @@ buffer (512 MiB for Gemma 3's 262k vocabulary at ``n_batch=512``) on every compl
 measured several seconds per step and 11 GiB of memory for four episodes. So the backend keeps
 up to ``slots`` contexts (weights are memory-mapped once by the OS; each context costs its KV
 cache and compute buffers, about 200 MB at ``n_ctx=8192`` for Gemma 3 270M) and routes each
-request to the context holding the longest reusable prefix of it, so an episode's steps keep
-landing on its own warm context. Requests of a batch run one after another (CPU-bound).
+request to its own context, the one whose reusable blocks are all a prefix of it (the same
+episode's previous step), so an episode's steps keep landing on its own warm context; a request
+without one takes a fresh context while there are fewer than ``slots``, never another
+episode's (which would then evaluate its whole prompt again on its next step: with requests
+served one at a time, taking any context that shared the instruction made episodes evict each
+other at every step; see :func:`route`). Requests of a batch run one after another (CPU-bound).
 
 Sampling follows :class:`GenerationConfig` exactly: temperature (0 = greedy), top_p, seed, with
 llama.cpp's extra samplers neutral by default (``top_k=0``, ``min_p=0.0``,
@@ -50,7 +54,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -160,30 +164,42 @@ class _Slot:
     tokens: list[int] = field(default_factory=list)
 
 
+def own_slot(shared: int, held: int) -> bool:
+    """Whether a slot holding ``held`` reusable tokens, ``shared`` of them a prefix of a prompt,
+    is the prompt's own: all it holds is a prefix of the prompt, as the same episode's previous
+    step's blocks are."""
+    return 0 < held == shared
+
+
 def route(
     prompts: Sequence[Sequence[int]],
     slots: Sequence[Sequence[int]],
     last_used: Sequence[int],
     capacity: int,
+    block: int = 1,
+    owns: Callable[[int, int], bool] = own_slot,
 ) -> list[int]:
     """Pick a slot for each prompt: an index into ``slots``, or ``len(slots)`` and up for new
-    slots (at most ``capacity`` slots in all).
+    slots (at most ``capacity`` slots in all). ``slots`` holds what each slot's cache may be
+    reused for; ``block`` is the reuse granularity (:func:`reusable`).
 
-    Pairs are taken best first by common token prefix, each slot serving one prompt of the
-    batch; a prompt that shares nothing with any unclaimed slot gets an empty slot (the one made
-    at load), else a new slot while there is room, else the unclaimed (or, if none, any) slot sharing most with it. Ties go to the least
-    recently used slot.
+    A slot is a prompt's own when ``owns(shared, held)`` (:func:`own_slot`). Each slot serves
+    one prompt of the batch: prompts take their own slots first, longest first; a prompt without
+    one takes a fresh slot (the empty one made at load, else a new one while there is room)
+    rather than another episode's, whose next step would then be evaluated cold; with no room
+    left, the unclaimed (or, if none, any) slot it can reuse most of, ties to the least recently
+    used.
     """
     shared = [[common_prefix(p, t) for t in slots] for p in prompts]
-    pairs = sorted(
+    own = sorted(
         (-shared[i][s], last_used[s], s, i)
         for i in range(len(prompts))
         for s in range(len(slots))
-        if shared[i][s] > 0
+        if owns(shared[i][s], len(slots[s]))
     )
     chosen: dict[int, int] = {}
     claimed: set[int] = set()
-    for _, _, s, i in pairs:
+    for _, _, s, i in own:
         if i not in chosen and s not in claimed:
             chosen[i] = s
             claimed.add(s)
@@ -192,19 +208,16 @@ def route(
     for i in range(len(prompts)):
         if i in chosen:
             continue
-        if empty:  # a slot that holds nothing yet (the first one, before any request)
+        if empty:
             chosen[i] = empty.pop(0)
-            claimed.add(chosen[i])
-            continue
-        if total < capacity:
+        elif total < capacity:
             chosen[i] = total
             total += 1
-            continue
-        free = [s for s in range(len(slots)) if s not in claimed] or list(range(len(slots)))
-        row = shared[i]
-        best = max(free, key=lambda s: (row[s], -last_used[s]))
-        chosen[i] = best
-        claimed.add(best)
+        else:
+            free = [s for s in range(len(slots)) if s not in claimed] or list(range(len(slots)))
+            row = [reusable(shared[i][s], len(prompts[i]), block) for s in range(len(slots))]
+            chosen[i] = max(free, key=lambda s: (row[s], -last_used[s]))
+        claimed.add(chosen[i])
     return [chosen[i] for i in range(len(prompts))]
 
 
@@ -381,12 +394,7 @@ class LlamaCppBackend:
         with self._lock:
             rendered = [self.render(r) for r in requests]
             tokens = [self.tokenize(text, bos) for text, bos, _ in rendered]
-            picks = route(
-                tokens,
-                [s.tokens for s in self._slots],
-                [s.last_used for s in self._slots],
-                self.max_slots,
-            )
+            picks = self._route(tokens)
             results: list[Completion] = []
             for request, (text, _, extra_stops), toks, pick in zip(
                 requests, rendered, tokens, picks, strict=True
@@ -395,6 +403,19 @@ class LlamaCppBackend:
                     self._slots.append(self._new_slot())
                 results.append(self._run(self._slots[pick], request, text, toks, extra_stops))
             return results
+
+    @property
+    def block(self) -> int:
+        """A slot's cache is reused in whole blocks of this many tokens: ``n_batch`` (see
+        "Replay" in the module docstring)."""
+        return self.n_batch
+
+    def _route(
+        self, prompts: Sequence[Sequence[int]], owns: Callable[[int, int], bool] = own_slot
+    ) -> list[int]:
+        slots = [s.tokens for s in self._slots]
+        used = [s.last_used for s in self._slots]
+        return route(prompts, slots, used, self.max_slots, self.block, owns)
 
     def _run(
         self, slot: _Slot, request: Request, text: str, tokens: list[int], extra_stops: list[str]
@@ -410,7 +431,7 @@ class LlamaCppBackend:
         self._clock += 1
         slot.last_used = self._clock
         slot.served += 1
-        reused = reusable(common_prefix(slot.tokens, tokens), len(tokens), self.n_batch)
+        reused = reusable(common_prefix(slot.tokens, tokens), len(tokens), self.block)
         slot.tokens = []  # until this completion is done, nothing in the cache is trusted
         stops = list(c.stop) + [s for s in extra_stops if s not in c.stop]
         start = time.perf_counter()
@@ -442,7 +463,7 @@ class LlamaCppBackend:
             texts.append((t, finish))
             completion_tokens += int(out["usage"]["completion_tokens"])
         latency = time.perf_counter() - start
-        slot.tokens = tokens[: len(tokens) // self.n_batch * self.n_batch]
+        slot.tokens = tokens[: len(tokens) // self.block * self.block]
         return Completion(
             text=texts[0][0],
             finish_reason=texts[0][1],

@@ -155,7 +155,7 @@ class Recorder(NoProgress):
         self.started = (tasks, episodes_at_most, solved)
         self.episodes = 0
 
-    def episode_done(self, won: bool, tokens: int) -> None:
+    def episode_done(self, won: bool, tokens: int, episode: str = "") -> None:
         self.episodes += 1
 
 

@@ -73,6 +73,20 @@ def test_route_keeps_each_episode_on_its_own_slot() -> None:
     assert route([[1, 2], [3, 4]], [[]], [0], capacity=3) == [0, 1]
 
 
+def test_route_never_takes_another_episodes_slot_while_there_is_room() -> None:
+    # Requests served one at a time come in batches of one: a prompt that shares only the
+    # instruction (or the BOS token) with a warm slot takes a fresh slot, so the episode that
+    # slot holds is not evaluated cold on its next step.
+    instruction = [1, 2]
+    a, b = [*instruction, 10, 11, 12, 13], [*instruction, 20, 21]
+    assert route([b], [a[:4]], [1], capacity=4, block=2) == [1]
+    assert route([[*a, 14]], [a[:4], b[:4]], [1, 2], capacity=4, block=2) == [0]
+    # no room: the slot it can reuse the most whole blocks of, else the least recently used
+    c = [*a[:4], 30, 31]
+    assert route([c], [b[:4], a[:6]], [1, 2], capacity=2, block=2) == [1]
+    assert route([[*instruction, 40, 41]], [a[:4], b[:4]], [2, 1], capacity=2, block=4) == [1]
+
+
 # -- the embedded model in process ---------------------------------------------------------------
 @pytest.mark.slow
 def test_embedded_greedy_is_deterministic_and_stops_at_newline(embedded: Any) -> None:
