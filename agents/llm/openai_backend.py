@@ -323,6 +323,7 @@ class OpenAIBackend:
 
         start = time.perf_counter()
         label = f"{self.name} request {index}"
+        errors: list[str] = []
         (texts, finishes, usage), retries = call_with_retries(
             call,
             classify_openai_error,
@@ -331,6 +332,7 @@ class OpenAIBackend:
             label=label,
             scrub=self._scrub,
             cancelled=self._guard.cancelled,
+            errors=errors,
         )
         latency = time.perf_counter() - start
         cleaned, finish = finish_texts(
@@ -360,6 +362,7 @@ class OpenAIBackend:
             retries=retries,
             sent=sent,
             alternatives=tuple(cleaned[1:]),
+            attempt_errors=tuple(errors),
         )
 
     def _no_chat_endpoint(self, exc: BaseException) -> str:
