@@ -164,7 +164,7 @@ def test_step_prompt_is_what_the_actor_sent(run_dir: Path) -> None:
                     settings, row.prompt_prefix, row.observation, steps[:i], EnvReply(""),
                     game=row.game, trial=row.trial, seed=0,
                 )  # fmt: skip
-                assert step_prompt(row, steps, i) == sent.prompt
+                assert step_prompt(store, row, steps, i).shown == sent.prompt
     finally:
         store.close()
 
