@@ -5,6 +5,7 @@ backend sent it, and the viewer's step prompt and the SFT export's turns are tha
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -179,3 +180,50 @@ def test_every_request_is_recorded_as_sent_and_read_back_as_recorded(
             assert not any(whole)
         elif arm in ("react", "reflexion"):
             assert all(whole)
+
+
+def test_the_paper_original_preset_shows_every_prompt_as_sent_and_exports_it(
+    generated_games: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--config paper-original`` (scripted outputs, the golden wording files): at every step
+    the viewer shows the prompt the backend got, and its won episodes export as SFT records."""
+    from experiments.cli import main
+
+    recorders: list[Recorder] = []
+    real = runner.make_backends
+
+    def recording(cfg: Any, truth: Any) -> tuple[Recorder, Recorder]:
+        actor, _ = real(cfg, truth)
+        recorders.append(Recorder(actor))
+        return recorders[-1], recorders[-1]
+
+    monkeypatch.setattr(runner, "make_backends", recording)
+    wording = [
+        x for key, path in code_files().items() for x in (f"--{key.replace('_', '-')}", path)
+    ]
+    code = main([
+        "run", "--config", "paper-original", "--model", "scripted:learner", "--no-serve",
+        "--data", str(generated_games), "--games", "2", "--trials", "2", "--workers", "1",
+        "--run-dir", str(tmp_path / "paper"), *wording,
+    ])  # fmt: skip
+    assert code == 0
+    (run_dir,) = [p.parent for p in (tmp_path / "paper").glob("*/run.sqlite")]
+    sent = {(q.site.episode, q.site.step, a.text): q.prompt for r in recorders for q, a in r.seen}
+    checked = 0
+    with open_reader(run_dir) as reader:
+        assert reader.get_meta("manifest")["config"]["protocol"] == CODE
+        for row in reader.episodes():
+            steps = reader.steps(row.episode_id)
+            for k, step in enumerate(steps):
+                prompt = step_prompt(reader, row, steps, k)
+                assert not prompt.rebuilt
+                assert prompt.shown == sent[(row.episode_id, k, step.raw_output)]
+                checked += 1
+        won = [e for e in reader.episodes() if e.won]
+    assert checked > len(won) > 0
+    out = tmp_path / "sft.jsonl"
+    assert main(["export", str(run_dir), "--format", "sft", "--out", str(out)]) == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {r["metadata"]["episode_id"] for r in records} == {e.episode_id for e in won}
+    assert all(r["metadata"]["prompt"] == "recorded" for r in records)
+    print(f"paper-original: {checked} step prompts as sent, {len(records)} SFT records")
