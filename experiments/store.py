@@ -276,13 +276,14 @@ _COLUMNS_ADDED = (
     ("model_calls", "prompt_base", "INTEGER"),  # the earlier call whose text this one extends
     ("model_calls", "prompt_keep", "INTEGER"),  # characters of the base's text kept
     ("model_calls", "prompt_text", "TEXT"),  # what follows them (all of it without a base)
-    ("model_calls", "request_json", "TEXT"),  # every other field sent (sampling, stop, ...)
+    # every other field sent (sampling, stop, ...); NULL: the base call's
+    ("model_calls", "request_json", "TEXT"),
     ("model_calls", "answer", "TEXT"),  # the model's text, untrusted
     ("model_calls", "finish_reason", "TEXT"),
     ("model_calls", "alternatives_json", "TEXT"),  # the other samples (n > 1)
     ("model_calls", "attempt_errors_json", "TEXT"),  # why each failed attempt failed
 )
-_SENT_COLUMNS = tuple(c for t, c, _ in _COLUMNS_ADDED if t == "model_calls")
+SENT_COLUMNS = tuple(c for t, c, _ in _COLUMNS_ADDED if t == "model_calls")
 # A call's text is stored as what it adds to an earlier call's of the same episode (or task
 # trial) when they share at least this many leading characters; else whole.
 MIN_SHARED_CHARS = 64
@@ -1097,19 +1098,18 @@ class RunReader:
     def _call_select(self) -> str:
         present = {r[1] for r in self._conn.execute("PRAGMA table_info(model_calls)")}
         cols = ["id", *_CALL_COLUMNS.removesuffix(", created_at").split(", ")]
-        cols += [c if c in present else f"NULL AS {c}" for c in _SENT_COLUMNS]
+        cols += [c if c in present else f"NULL AS {c}" for c in SENT_COLUMNS]
         return ", ".join(cols)
 
     def _calls(self, rows: Sequence[sqlite3.Row]) -> list[ModelCall]:
-        texts: dict[int, str] = {}
+        known: dict[int, tuple[str, str]] = {}
         out = []
         for r in rows:
             d = dict(r)
             sent = None
             if d["prompt_form"] is not None:
-                text = self._call_text(d, texts)
-                params = json.loads(d["request_json"] or "{}")
-                sent = SentRequest.of_text(d["prompt_form"], text, params)
+                text, params = self._call_request(d, known)
+                sent = SentRequest.of_text(d["prompt_form"], text, json.loads(params))
             out.append(
                 ModelCall(
                     **{k: d[k] for k in _CALL_COLUMNS.removesuffix(", created_at").split(", ")},
@@ -1121,15 +1121,20 @@ class RunReader:
             )  # fmt: skip
         return out
 
-    def _call_text(self, row: Mapping[str, Any], known: dict[int, str]) -> str:
-        """A call's whole text: its base's first ``prompt_keep`` characters and its own."""
+    def _call_request(
+        self, row: Mapping[str, Any], known: dict[int, tuple[str, str]]
+    ) -> tuple[str, str]:
+        """A call's whole text (its base's first ``prompt_keep`` characters and its own) and
+        its fields' JSON (its base's when it kept none of its own: the same)."""
         base = row["prompt_base"]
+        params = row["request_json"]
         if base is None:
             text = str(row["prompt_text"])
         else:
             if base not in known:
                 below = self._conn.execute(
-                    "SELECT id, prompt_base, prompt_keep, prompt_text FROM model_calls WHERE id=?",
+                    "SELECT id, prompt_base, prompt_keep, prompt_text, request_json"
+                    " FROM model_calls WHERE id=?",
                     (base,),
                 ).fetchone()
                 if below is None:
@@ -1137,10 +1142,12 @@ class RunReader:
                         f"model call {row['id']} of {str(self.run_dir)!r} extends call {base},"
                         " which the store does not hold: the store was edited by hand"
                     )
-                self._call_text(below, known)
-            text = known[base][: row["prompt_keep"]] + str(row["prompt_text"])
-        known[row["id"]] = text
-        return text
+                self._call_request(below, known)
+            before, before_params = known[base]
+            text = before[: row["prompt_keep"]] + str(row["prompt_text"])
+            params = before_params if params is None else params
+        known[row["id"]] = (text, params or "{}")
+        return known[row["id"]]
 
     def episode_errors(self, episode: str | None = None) -> list[EpisodeError]:
         """The harness failures of every attempt (of ``episode``, or of all), oldest first."""
@@ -1308,7 +1315,7 @@ class RunStore(RunReader):
         self._conn.row_factory = sqlite3.Row
         self._added = frozenset(_ADDED_NAMES)
         # per episode (or task trial), the last text of each purpose and form: (row id, text)
-        self._recent: dict[str, dict[str, tuple[int, str]]] = {}
+        self._recent: dict[str, dict[str, tuple[int, str, str]]] = {}
 
     def _upgrade(self) -> None:
         """Create a new store, or migrate an older one to the current version (in a transaction)."""
@@ -1520,46 +1527,50 @@ class RunStore(RunReader):
         adds to the longest leading part it shares with the last call of each purpose of the
         same episode (a reflect or judge call: of the same task and trial): a step's prompt
         costs the store the step's new text, not the whole prompt; a text that shares fewer
-        than ``MIN_SHARED_CHARS`` characters is kept whole."""
+        than ``MIN_SHARED_CHARS`` characters is kept whole. The other fields sent (sampling,
+        stop, seed, ...) are kept only where they differ from that call's."""
         sent = call.sent
-        base = keep = form = text = params = None
+        base = keep = form = text = params = kept = None
         if sent is not None:
             form, text = sent.form, sent.text
-            base, keep = self._shared_with(call, form, text)
             params = json.dumps(sent.params, sort_keys=True, ensure_ascii=False)
+            base, keep, same = self._shared_with(call, form, text, params)
+            kept = None if same else params  # the base's fields: not kept twice
         cur = self._conn.execute(
-            f"INSERT INTO model_calls({_CALL_COLUMNS}, {', '.join(_SENT_COLUMNS)})"
-            f" VALUES ({', '.join('?' * (11 + len(_SENT_COLUMNS)))})",
+            f"INSERT INTO model_calls({_CALL_COLUMNS}, {', '.join(SENT_COLUMNS)})"
+            f" VALUES ({', '.join('?' * (11 + len(SENT_COLUMNS)))})",
             (
                 call.purpose, call.game, call.trial, call.episode_id, call.prompt_tokens,
                 call.completion_tokens, call.cached_tokens, call.latency_s, call.retries,
                 call.error, time.time(), call.step, form, base, keep,
-                None if text is None else text[keep or 0 :], params, call.answer,
+                None if text is None else text[keep or 0 :], kept, call.answer,
                 call.finish_reason, _json_list(call.alternatives),
                 _json_list(call.attempt_errors),
             ),
         )  # fmt: skip
-        if sent is not None and text is not None and cur.lastrowid is not None:
+        if text is not None and params is not None and cur.lastrowid is not None:
             key = call.episode_id or f"{call.game}#t{call.trial}"
             recent = self._recent.pop(key, {})
-            recent[f"{call.purpose}:{form}"] = (cur.lastrowid, text)
+            recent[f"{call.purpose}:{form}"] = (cur.lastrowid, text, params)
             self._recent[key] = recent  # the newest last
             while len(self._recent) > _RECENT_KEYS:
                 del self._recent[next(iter(self._recent))]
 
-    def _shared_with(self, call: ModelCall, form: str, text: str) -> tuple[int | None, int | None]:
+    def _shared_with(
+        self, call: ModelCall, form: str, text: str, params: str
+    ) -> tuple[int | None, int | None, bool]:
         """The recent call of the same episode and form whose text shares the longest leading
-        part with ``text``, and that part's length; (None, None) when none shares enough."""
-        best: tuple[int | None, int | None] = (None, None)
+        part with ``text``, that part's length, and whether its fields are ``params``; (None,
+        None, False) when none shares enough."""
+        best: tuple[int | None, int | None, bool] = (None, None, False)
         longest = MIN_SHARED_CHARS - 1
-        for name, (row, earlier) in self._recent.get(
-            call.episode_id or f"{call.game}#t{call.trial}", {}
-        ).items():
+        key = call.episode_id or f"{call.game}#t{call.trial}"
+        for name, (row, earlier, fields) in self._recent.get(key, {}).items():
             if not name.endswith(f":{form}"):
                 continue
             shared = shared_prefix(earlier, text)
             if shared > longest:
-                best, longest = (row, shared), shared
+                best, longest = (row, shared, fields == params), shared
         return best
 
     def add_reflection(
