@@ -9,7 +9,10 @@ Tables added without a version step (``_TABLES_ADDED``: search trees, reflection
 escalations) are created by every writer that opens a store, so a version-2 store made before
 them gains them on its next write; a reader of a store that lacks them sees them empty. Nullable
 columns added the same way (``_COLUMNS_ADDED``: the experience each episode was shown) are added
-by every writer; a reader of a store without them reads NULL.
+by every writer; a reader of a store without them reads NULL. So are the columns that keep each
+model call as its backend sent it (``SENT_COLUMNS``; see :meth:`RunStore.add_model_call`): a
+call recorded before them reads back with ``sent`` None, and readers rebuild and mark its prompt
+(:mod:`experiments.prompts`).
 
 Schema versions: a store records its version in ``meta``. Opening a version-1 store for writing
 migrates it in place (``model_calls`` created and backfilled from steps and reflections; a

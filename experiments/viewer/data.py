@@ -48,27 +48,12 @@ def prompt_view(prompt: StepPrompt) -> dict[str, Any]:
 
 
 def call_view(call: ModelCall, with_prompt: bool) -> dict[str, Any]:
-    """One model call of an episode; its request's text only when ``with_prompt`` (a step's own
-    prompt is shown with its step)."""
+    """One model call of an episode (every field of its record); its request's text only when
+    ``with_prompt`` (a step's own prompt is shown with its step)."""
     sent = call.sent
-    view: dict[str, Any] = {
-        "purpose": call.purpose,
-        "step": call.step,
-        "episode_id": call.episode_id,
-        "trial": call.trial,
-        "recorded": sent is not None,
-        "answer": call.answer,
-        "alternatives": list(call.alternatives),
-        "finish_reason": call.finish_reason,
-        "prompt_tokens": call.prompt_tokens,
-        "completion_tokens": call.completion_tokens,
-        "cached_tokens": call.cached_tokens,
-        "latency_s": call.latency_s,
-        "retries": call.retries,
-        "error": call.error,
-        "attempt_errors": list(call.attempt_errors),
-        "params": dict(sent.params) if sent is not None else None,
-    }
+    view = {k: v for k, v in call.to_dict().items() if k not in ("sent", "rebuilt", "id")}
+    view["recorded"] = sent is not None
+    view["params"] = dict(sent.params) if sent is not None else None
     if with_prompt and sent is not None:
         view["prompt"] = sent.prompt
         view["messages"] = sent.chat if sent.messages is not None else None

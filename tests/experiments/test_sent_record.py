@@ -151,27 +151,32 @@ def test_every_request_is_recorded_as_sent_and_read_back_as_recorded(
                     (s.prompt, s.messages, text) for s, text in by_site[(row.episode_id, k)]
                 ]
                 assert detail["steps"][k]["prompt_source"] == "recorded"
+                # the page's copy: what each step keeps of the one before, and adds
+                text = row.prompt_prefix
+                for shown in detail["steps"][: k + 1]:
+                    text = text[: shown["prompt_keep"]] + shown["prompt_add"]
+                assert text == prompt.shown
                 checked += 1
         assert checked
         records = sft_records(reader)
         won = {e.episode_id for e in reader.episodes() if e.won}
         assert {r.metadata.episode_id for r in records} == won and won
         for record in records:
-            row = reader.episode(record.metadata.episode_id)
-            assert row is not None and record.metadata.prompt == "recorded"
-            steps = reader.steps(row.episode_id)
+            exported = reader.episode(record.metadata.episode_id)
+            assert exported is not None and record.metadata.prompt == "recorded"
+            steps = reader.steps(exported.episode_id)
             messages = list(record.messages)
             if record.metadata.step is None:  # one conversation: its turns join to each prompt
                 for k in range(len(steps)):
-                    sent = step_prompt(reader, row, steps, k).sent
+                    sent = step_prompt(reader, exported, steps, k).sent
                     assert joined(messages[: 2 + 2 * k]) == sent.prompt
             else:  # a record per step: the request as sent, then the answer
-                sent = step_prompt(reader, row, steps, record.metadata.step).sent
-                asked = messages[:-1]
+                sent = step_prompt(reader, exported, steps, record.metadata.step).sent
+                turns = messages[:-1]
                 if sent.messages is not None:
-                    assert asked == sent.chat
+                    assert turns == sent.chat
                 else:
-                    assert joined(asked) == sent.prompt
+                    assert joined(turns) == sent.prompt
                 assert messages[-1]["role"] == "assistant"
         # the paper's protocol and chat-formatted requests are no one conversation; ReAct's
         # text prompts are (a planner's step answers another prompt: a record per step)
