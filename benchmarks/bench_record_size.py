@@ -55,8 +55,10 @@ def main() -> None:
                "--agent", "reflexion", "--data", str(args.data), "--split", SPLIT,
                "--games", str(args.games), "--trials", str(args.trials),
                "--max-steps", str(args.max_steps), "--workers", "2", "--concurrency", "8",
-               "--run-dir", str(run_dir)]  # fmt: skip
-        subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT)
+               "--step-timeout-s", "600", "--run-dir", str(run_dir)]  # fmt: skip
+        done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        if done.returncode not in (0, 3):  # 3: some episodes hit an env error; still measured
+            sys.exit(f"the run failed ({done.returncode}): {done.stderr[-2000:]}")
         after = compact(run_dir / DB_NAME, Path(tmp) / "after.sqlite", drop=False)
         before = compact(run_dir / DB_NAME, Path(tmp) / "before.sqlite", drop=True)
         with open_reader(run_dir) as reader:
@@ -70,7 +72,8 @@ def main() -> None:
         prompt = sum(len(c.sent.text.encode()) for c in acts if c.sent) / len(acts)
     added = (after - before) / steps
     new_text = stored / len(acts)
-    print(f"run: {args.games} games x {args.trials} trials, {steps} steps, {calls} model calls")
+    print(f"run: {args.games} games x {args.trials} trials, {steps} steps, {calls} model calls"
+          f" (exit code {done.returncode})")  # fmt: skip
     print(f"run.sqlite per step: before {before / steps:,.0f} B, after {after / steps:,.0f} B")
     print(f"added per step: {added:,.0f} B; the step's prompt: {prompt:,.0f} B (ratio "
           f"{added / prompt:.3f}); its new text: {new_text:,.0f} B (added - new text: "

@@ -5,6 +5,7 @@ backend sent it, and the viewer's step prompt and the SFT export's turns are tha
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,6 +18,7 @@ from agents.llm.base import Completion, Request
 from agents.llm.common import prompt_as_messages
 from agents.memory_policy import NO_MEMORY
 from experiments import runner
+from experiments.replay import replay
 from experiments.session import run
 from experiments.store import open_reader
 from experiments.training_data import joined, sft_records
@@ -226,6 +228,13 @@ def test_the_paper_original_preset_shows_every_prompt_as_sent_and_exports_it(
                 checked += 1
         won = [e for e in reader.episodes() if e.won]
     assert checked > len(won) > 0
+    out = io.StringIO()
+    replay(run_dir, won[0].game, won[0].trial, out, prompts=True)
+    shown = out.getvalue()
+    assert "[0] prompt, as sent:" in shown and "rebuilt" not in shown
+    failed = io.StringIO()
+    replay(run_dir, won[0].game, 0, failed)
+    assert "reflect (trial 0)" in failed.getvalue()  # its reflection call, prompt and answer
     out = tmp_path / "sft.jsonl"
     assert main(["export", str(run_dir), "--format", "sft", "--out", str(out)]) == 0
     records = [json.loads(line) for line in out.read_text().splitlines()]
