@@ -360,7 +360,7 @@ class _Search:
         await self._restore(node.parent)
         assert self.state is not None
         parsed, index = node.parsed, node.depth - 1
-        cost = Completion("", prompt_tokens=node.prompt_tokens,
+        cost = Completion(parsed.raw, prompt_tokens=node.prompt_tokens,
                           completion_tokens=node.completion_tokens)  # fmt: skip
         truncated = False
         if parsed.kind == StepKind.ACT:

@@ -352,7 +352,7 @@ def _replay(args: argparse.Namespace) -> int:
     # lazily: the CLI imports only what the chosen command runs
     from experiments.replay import replay
 
-    replay(Path(args.run_dir), args.game, args.trial, sys.stdout)
+    replay(Path(args.run_dir), args.game, args.trial, sys.stdout, prompts=args.prompts)
     return 0
 
 
@@ -426,6 +426,9 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("run_dir")
     rp.add_argument("--game", required=True, help="game id")
     rp.add_argument("--trial", type=int, default=0)
+    rp.add_argument(
+        "--prompts", action="store_true", help="print each step's request as the run recorded it"
+    )
     rp.set_defaults(handler=_replay)
 
     games = sub.add_parser("games", help="make or list games").add_subparsers(

@@ -20,7 +20,9 @@ module implements. An episode advances the moment its own model answer or env re
   in flight played again from the start, as fresh attempts (at most ``RESTART_RERUNS`` each).
 
 Every step is committed to the run store as the agent records it; every model call is a row of
-its own (purpose, tokens, latency). The bound of a run is max(model time / concurrency, env
+its own: purpose, call site, the request as the backend sent it (``Completion.sent``, through
+:func:`agents.llm.common.sent_request`), the answer, tokens, latency, retries and each failed
+attempt's error. The bound of a run is max(model time / concurrency, env
 time / workers): ``benchmarks/bench_engine.py`` measures against it.
 """
 
@@ -48,6 +50,7 @@ from agents.llm.base import (
     ModelRestarted,
     Request,
 )
+from agents.llm.common import sent_request
 from envs.aio import AsyncEnvPool
 from envs.pool import Reset, WorkerCrashed
 from experiments.store import RunStore, Tokens
@@ -371,7 +374,8 @@ class Engine:
                 ModelCall(
                     purpose=request.purpose, game=game, trial=trial, episode_id=episode_id,
                     latency_s=time.perf_counter() - started, retries=exc.retries,
-                    error=str(exc)[:2000],
+                    error=str(exc)[:2000], step=request.site.step,
+                    sent=sent_request(request, None), attempt_errors=exc.attempt_errors,
                 )
             )  # fmt: skip
             if exc.retries:
@@ -391,7 +395,10 @@ class Engine:
                 prompt_tokens=completion.prompt_tokens,
                 completion_tokens=completion.completion_tokens,
                 cached_tokens=completion.cached_tokens, latency_s=completion.latency_s,
-                retries=completion.retries,
+                retries=completion.retries, step=request.site.step,
+                sent=sent_request(request, completion.sent), answer=completion.text,
+                alternatives=completion.alternatives, finish_reason=completion.finish_reason,
+                attempt_errors=completion.attempt_errors,
             )
         )  # fmt: skip
         if completion.retries:

@@ -10,6 +10,7 @@ from typing import TextIO
 
 from agents.prompting import transcript_action
 from experiments.errors import RunStoreError
+from experiments.prompts import request_text, step_prompts
 from experiments.store import RunReader, episode_id, open_reader
 from experiments.terminal import escape_controls as _clean
 from experiments.viewer.data import prompt_memory
@@ -23,8 +24,11 @@ def _use_color(out: TextIO) -> bool:
     return bool(isatty and isatty()) and "NO_COLOR" not in os.environ
 
 
-def replay(run_dir: Path, game: str, trial: int, out: TextIO) -> None:
-    """Print episode ``game`` / ``trial`` of the run; plain text unless ``out`` is a terminal."""
+def replay(run_dir: Path, game: str, trial: int, out: TextIO, prompts: bool = False) -> None:
+    """Print episode ``game`` / ``trial`` of the run; plain text unless ``out`` is a terminal.
+    ``prompts``: each step's request too, as the run recorded it (rebuilt ones say so). Every
+    model call made for the episode follows the steps, with its prompt (a step's: with
+    ``prompts``) and its answer."""
     color = _use_color(out)
 
     def paint(text: str, style: str) -> str:
@@ -39,6 +43,9 @@ def replay(run_dir: Path, game: str, trial: int, out: TextIO) -> None:
             raise RunStoreError(_missing(reader, game, trial, run_dir))
         steps = reader.steps(row.episode_id)
         after = [r for r in reader.reflections(row.game) if r.trial == row.trial]
+        calls = reader.episode_calls(row)
+        asked = step_prompts(reader, row, steps, calls=calls)
+    made = {id(p.call) for p in asked if p.call is not None}
 
     if row.won:
         outcome = paint("WON", "won")
@@ -59,8 +66,12 @@ def replay(run_dir: Path, game: str, trial: int, out: TextIO) -> None:
         for r in memory:
             w(f"  trial {r['trial']}:\n{block(r['text'], '    ')}\n")
     w("\n" + block(row.observation, "") + "\n")
-    for s in steps:
+    for s, asked_at in zip(steps, asked, strict=True):
         w("\n")
+        if prompts:
+            source = "rebuilt from the steps (not recorded)" if asked_at.rebuilt else "as sent"
+            w(paint(f"[{s.index}] prompt, {source}:", "dim") + "\n")
+            w(paint(block(asked_at.shown, "    | "), "dim") + "\n")
         if s.kind == StepKind.THINK:
             w(paint(f"[{s.index}] ", "dim") + f"> {_clean(transcript_action(s))}\n")
         elif s.kind == StepKind.INVALID:
@@ -87,6 +98,21 @@ def replay(run_dir: Path, game: str, trial: int, out: TextIO) -> None:
         w(f"harness error: {_clean(row.error)}\n")
     if after:
         w(f"\nreflection written after this trial:\n{block(after[0].text)}\n")
+    if calls:
+        w(f"\nmodel calls ({len(calls)}):\n")
+    for c in calls:
+        where = f"trial {c.trial}" if c.step is None else f"step {c.step}"
+        retried = f", {c.retries} retries" if c.retries else ""
+        w(f"  {c.purpose} ({where}): {c.prompt_tokens} prompt + {c.completion_tokens}"
+          f" completion tokens{retried}" + ("" if c.sent else ", request not recorded") + "\n")  # fmt: skip
+        for e in c.attempt_errors:
+            w(paint(block(e, "    failed attempt: "), "warn") + "\n")
+        if c.error:
+            w(paint(block(c.error, "    error: "), "error") + "\n")
+        if c.sent is not None and (prompts or id(c) not in made):
+            w(paint(block(request_text(c.sent), "    | "), "dim") + "\n")
+        if c.answer is not None and id(c) not in made:
+            w(block(c.answer, "    answer: ") + "\n")
 
 
 def _missing(reader: RunReader, game: str, trial: int, run_dir: Path) -> str:

@@ -9,7 +9,10 @@ Tables added without a version step (``_TABLES_ADDED``: search trees, reflection
 escalations) are created by every writer that opens a store, so a version-2 store made before
 them gains them on its next write; a reader of a store that lacks them sees them empty. Nullable
 columns added the same way (``_COLUMNS_ADDED``: the experience each episode was shown) are added
-by every writer; a reader of a store without them reads NULL.
+by every writer; a reader of a store without them reads NULL. So are the columns that keep each
+model call as its backend sent it (``SENT_COLUMNS``; see :meth:`RunStore.add_model_call`): a
+call recorded before them reads back with ``sent`` None, and readers rebuild and mark its prompt
+(:mod:`experiments.prompts`).
 
 Schema versions: a store records its version in ``meta``. Opening a version-1 store for writing
 migrates it in place (``model_calls`` created and backfilled from steps and reflections; a
@@ -52,6 +55,7 @@ from memory.records import (
     SearchIteration,
     SearchNode,
     SearchTree,
+    SentRequest,
     Step,
     StepKind,
 )
@@ -268,7 +272,25 @@ _ADDED_NAMES = ("search_nodes", "search_iterations", "search_ends", "reflection_
 _COLUMNS_ADDED = (
     # the experience of other games shown in the episode's prompt (agents.experience.Shown)
     ("episodes", "experience_json", "TEXT"),
+    # each model call as its backend sent it and as it came back (see add_model_call); NULL in
+    # calls recorded before requests were
+    ("model_calls", "step", "INTEGER"),  # the call site's step
+    ("model_calls", "prompt_form", "TEXT"),  # text | messages (memory.records.SentRequest)
+    ("model_calls", "prompt_base", "INTEGER"),  # the earlier call whose text this one extends
+    ("model_calls", "prompt_keep", "INTEGER"),  # characters of the base's text kept
+    ("model_calls", "prompt_text", "TEXT"),  # what follows them (all of it without a base)
+    # every other field sent (sampling, stop, ...); NULL: the base call's
+    ("model_calls", "request_json", "TEXT"),
+    ("model_calls", "answer", "TEXT"),  # the model's text, untrusted
+    ("model_calls", "finish_reason", "TEXT"),
+    ("model_calls", "alternatives_json", "TEXT"),  # the other samples (n > 1)
+    ("model_calls", "attempt_errors_json", "TEXT"),  # why each failed attempt failed
 )
+SENT_COLUMNS = tuple(c for t, c, _ in _COLUMNS_ADDED if t == "model_calls")
+# A call's text is stored as what it adds to an earlier call's of the same episode (or task
+# trial) when they share at least this many leading characters; else whole.
+MIN_SHARED_CHARS = 64
+_RECENT_KEYS = 512  # episodes (and task trials) whose last texts the writer keeps in memory
 
 _NODE_COLUMNS = tuple(f.name for f in dataclasses.fields(SearchNode))
 _ITERATION_COLUMNS = tuple(f.name for f in dataclasses.fields(SearchIteration))
@@ -525,6 +547,24 @@ def _episode_fields(d: dict[str, Any]) -> dict[str, Any]:
     if d["failure_class"] is not None:
         d["failure_class"] = _enum(FailureClass, d["failure_class"], where)
     return d
+
+
+def shared_prefix(a: str, b: str) -> int:
+    """How many leading characters ``a`` and ``b`` share (compared in C, halving the range)."""
+    if b.startswith(a):
+        return len(a)
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _json_list(items: Sequence[str]) -> str | None:
+    return json.dumps(list(items), ensure_ascii=False) if items else None
 
 
 def _step(row: Mapping[str, Any], episode: str) -> Step:
@@ -1043,10 +1083,74 @@ class RunReader:
 
     # -- model calls -------------------------------------------------------------------------
     def model_calls(self, episode: str | None = None) -> list[ModelCall]:
-        """Recorded model calls in the order they were made (all, or one episode's)."""
-        cols = _CALL_COLUMNS.removesuffix(", created_at")
-        rows = self._select(cols, "model_calls", "id", "episode_id", episode)
-        return [ModelCall(**dict(r)) for r in rows]
+        """Recorded model calls in the order they were made (all, or one episode's), with the
+        request as sent and the answer where they were recorded (``sent`` None where not)."""
+        rows = self._select(self._call_select(), "model_calls", "id", "episode_id", episode)
+        return self._calls(rows)
+
+    def episode_calls(self, episode: EpisodeRow) -> list[ModelCall]:
+        """Every model call made for ``episode``: its own (act, plan, value, ...) and those of
+        its task's trial between episodes (reflect, judge), in the order they were made."""
+        rows = self._conn.execute(
+            f"SELECT {self._call_select()} FROM model_calls WHERE episode_id=?"
+            " OR (episode_id IS NULL AND game=? AND trial=?) ORDER BY id",
+            (episode.episode_id, episode.game, episode.trial),
+        ).fetchall()
+        return self._calls(rows)
+
+    def _call_select(self) -> str:
+        present = {r[1] for r in self._conn.execute("PRAGMA table_info(model_calls)")}
+        cols = ["id", *_CALL_COLUMNS.removesuffix(", created_at").split(", ")]
+        cols += [c if c in present else f"NULL AS {c}" for c in SENT_COLUMNS]
+        return ", ".join(cols)
+
+    def _calls(self, rows: Sequence[sqlite3.Row]) -> list[ModelCall]:
+        known: dict[int, tuple[str, str]] = {}
+        out = []
+        for r in rows:
+            d = dict(r)
+            sent = None
+            if d["prompt_form"] is not None:
+                text, params = self._call_request(d, known)
+                sent = SentRequest.of_text(d["prompt_form"], text, json.loads(params))
+            out.append(
+                ModelCall(
+                    **{k: d[k] for k in _CALL_COLUMNS.removesuffix(", created_at").split(", ")},
+                    id=d["id"], step=d["step"], sent=sent, answer=d["answer"],
+                    finish_reason=d["finish_reason"],
+                    alternatives=tuple(json.loads(d["alternatives_json"] or "[]")),
+                    attempt_errors=tuple(json.loads(d["attempt_errors_json"] or "[]")),
+                )
+            )  # fmt: skip
+        return out
+
+    def _call_request(
+        self, row: Mapping[str, Any], known: dict[int, tuple[str, str]]
+    ) -> tuple[str, str]:
+        """A call's whole text (its base's first ``prompt_keep`` characters and its own) and
+        its fields' JSON (its base's when it kept none of its own: the same)."""
+        base = row["prompt_base"]
+        params = row["request_json"]
+        if base is None:
+            text = str(row["prompt_text"])
+        else:
+            if base not in known:
+                below = self._conn.execute(
+                    "SELECT id, prompt_base, prompt_keep, prompt_text, request_json"
+                    " FROM model_calls WHERE id=?",
+                    (base,),
+                ).fetchone()
+                if below is None:
+                    raise RunStoreError(
+                        f"model call {row['id']} of {str(self.run_dir)!r} extends call {base},"
+                        " which the store does not hold: the store was edited by hand"
+                    )
+                self._call_request(below, known)
+            before, before_params = known[base]
+            text = before[: row["prompt_keep"]] + str(row["prompt_text"])
+            params = before_params if params is None else params
+        known[row["id"]] = (text, params or "{}")
+        return known[row["id"]]
 
     def episode_errors(self, episode: str | None = None) -> list[EpisodeError]:
         """The harness failures of every attempt (of ``episode``, or of all), oldest first."""
@@ -1213,6 +1317,8 @@ class RunStore(RunReader):
             ) from None
         self._conn.row_factory = sqlite3.Row
         self._added = frozenset(_ADDED_NAMES)
+        # per episode (or task trial), the last text of each purpose and form: (row id, text)
+        self._recent: dict[str, dict[str, tuple[int, str, str]]] = {}
 
     def _upgrade(self) -> None:
         """Create a new store, or migrate an older one to the current version (in a transaction)."""
@@ -1417,15 +1523,58 @@ class RunStore(RunReader):
 
     # -- model calls and reflections ---------------------------------------------------------
     def add_model_call(self, call: ModelCall) -> None:
-        """Record one model call of any purpose (act, reflect, judge, plan, value, ...)."""
-        self._conn.execute(
-            f"INSERT INTO model_calls({_CALL_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+        """Record one model call of any purpose (act, reflect, judge, plan, value, ...), with
+        its request as sent and its answer.
+
+        Prompts are append-only, so a call's text (:attr:`SentRequest.text`) is kept as what it
+        adds to the longest leading part it shares with the last call of each purpose of the
+        same episode (a reflect or judge call: of the same task and trial): a step's prompt
+        costs the store the step's new text, not the whole prompt; a text that shares fewer
+        than ``MIN_SHARED_CHARS`` characters is kept whole. The other fields sent (sampling,
+        stop, seed, ...) are kept only where they differ from that call's."""
+        sent = call.sent
+        base = keep = form = text = params = kept = None
+        if sent is not None:
+            form, text = sent.form, sent.text
+            params = json.dumps(sent.params, sort_keys=True, ensure_ascii=False)
+            base, keep, same = self._shared_with(call, form, text, params)
+            kept = None if same else params  # the base's fields: not kept twice
+        cur = self._conn.execute(
+            f"INSERT INTO model_calls({_CALL_COLUMNS}, {', '.join(SENT_COLUMNS)})"
+            f" VALUES ({', '.join('?' * (11 + len(SENT_COLUMNS)))})",
             (
                 call.purpose, call.game, call.trial, call.episode_id, call.prompt_tokens,
                 call.completion_tokens, call.cached_tokens, call.latency_s, call.retries,
-                call.error, time.time(),
+                call.error, time.time(), call.step, form, base, keep,
+                None if text is None else text[keep or 0 :], kept, call.answer,
+                call.finish_reason, _json_list(call.alternatives),
+                _json_list(call.attempt_errors),
             ),
         )  # fmt: skip
+        if text is not None and params is not None and cur.lastrowid is not None:
+            key = call.episode_id or f"{call.game}#t{call.trial}"
+            recent = self._recent.pop(key, {})
+            recent[f"{call.purpose}:{form}"] = (cur.lastrowid, text, params)
+            self._recent[key] = recent  # the newest last
+            while len(self._recent) > _RECENT_KEYS:
+                del self._recent[next(iter(self._recent))]
+
+    def _shared_with(
+        self, call: ModelCall, form: str, text: str, params: str
+    ) -> tuple[int | None, int | None, bool]:
+        """The recent call of the same episode and form whose text shares the longest leading
+        part with ``text``, that part's length, and whether its fields are ``params``; (None,
+        None, False) when none shares enough."""
+        best: tuple[int | None, int | None, bool] = (None, None, False)
+        longest = MIN_SHARED_CHARS - 1
+        key = call.episode_id or f"{call.game}#t{call.trial}"
+        for name, (row, earlier, fields) in self._recent.get(key, {}).items():
+            if not name.endswith(f":{form}"):
+                continue
+            shared = shared_prefix(earlier, text)
+            if shared > longest:
+                best, longest = (row, shared, fields == params), shared
+        return best
 
     def add_reflection(
         self, r: Reflection, prompt_tokens: int = 0, completion_tokens: int = 0

@@ -13,10 +13,16 @@ that TRL and verl read:
 - each later ``user``: the step's observation and the prompt's end.
 
 Joining the contents of ``messages[:2 + 2k]`` gives the exact prompt the model answered at step
-``k`` (the prompt the viewer shows, rebuilt from the stored prefix and steps); the conversation
-ends with the last answer. The model's raw text of each step is in ``export --format jsonl``.
+``k``, as the run recorded it (:mod:`experiments.prompts`: the prompt the viewer shows); the
+conversation ends with the last answer. The model's raw text of each step is in
+``export --format jsonl``. An episode whose prompts are no one conversation (the
+``reflexion-code`` protocol's end their text with ``>`` right after the observation, which the
+next prompt moves to its own line; a chat-formatted request wraps each prompt in messages) is a
+record per step instead: the request as sent (its messages, or the prefix as ``system`` and the
+rest as ``user``) and the model's answer, ``metadata.step`` naming the step. ``metadata.prompt``
+says whether the prompts were recorded or rebuilt (a store older than the record of requests).
 
-``sft``: one record per won episode. ``preference`` (TRL's ``prompt`` / ``chosen`` /
+``sft``: one record per won episode (or per step of it, as above). ``preference`` (TRL's ``prompt`` / ``chosen`` /
 ``rejected``): for each solved task, one pair per failed trial before the winning one. The
 prompt is the failed trial's (its prefix and first observation), so a model learns to play the
 won trajectory without the reflection that led to it; ``rejected`` and ``chosen`` are the two
@@ -34,10 +40,10 @@ from pathlib import Path
 from typing import Any
 
 from agents.prompting import transcript_action
-from agents.react import prompt_at
 from experiments.config import ProtocolConfig
 from experiments.errors import ConfigError
 from experiments.export import unwritable, write_jsonl
+from experiments.prompts import StepPrompt, step_prompts
 from experiments.store import EpisodeRow, RunReader, RunStatus, open_reader
 from memory.records import EpisodeStatus, Step, StepKind
 
@@ -61,6 +67,8 @@ class EpisodeMeta:
     protocol: str
     steps: int
     invalid_steps: int
+    step: int | None = None  # a record of one step (its prompts are no one conversation)
+    prompt: str = "recorded"  # recorded | rebuilt (a store older than the record of requests)
 
 
 @dataclass(frozen=True)
@@ -99,33 +107,56 @@ class PreferencePair:
 
 
 def conversation(
-    episode: EpisodeRow, steps: Sequence[Step], protocol: str = DEFAULT_PROTOCOL
-) -> list[Message]:
-    """The episode as chat messages (see the module docstring); a ConfigError when the
-    protocol's prompts are not append-only, so no conversation can hold them."""
+    episode: EpisodeRow, steps: Sequence[Step], prompts: Sequence[StepPrompt]
+) -> list[Message] | None:
+    """The episode as one chat conversation (see the module docstring), from the prompts its
+    steps answered (:func:`experiments.prompts.step_prompts`); None when they are no one
+    conversation (not text that each step's extends, as in the ``reflexion-code`` protocol and
+    for chat-formatted requests)."""
     prefix = episode.prompt_prefix
-    prompts = [
-        prompt_at(prefix, episode.observation, steps[:k], protocol) for k in range(len(steps) + 1)
-    ]
-    if not prompts[0].startswith(prefix):
-        raise _not_a_conversation(episode, protocol)
-    messages = [_message("system", prefix), _message("user", prompts[0][len(prefix) :])]
+    texts = [p.sent.prompt for p in prompts]
+    if not steps or None in texts or not str(texts[0]).startswith(prefix):
+        return None
+    prompt = [str(t) for t in texts]
+    messages = [_message("system", prefix), _message("user", prompt[0][len(prefix) :])]
+    lead = None
     for k, step in enumerate(steps):
-        before, after = prompts[k], prompts[k + 1]
-        if not after.startswith(before):
-            raise _not_a_conversation(episode, protocol)
-        added = after[len(before) :]
         shown = transcript_action(step)
+        if k + 1 == len(steps):  # the last answer, as the earlier ones are shown
+            if lead is None:
+                lead = step.raw_output[: len(step.raw_output) - len(step.raw_output.lstrip())]
+            messages.append(_message("assistant", lead + shown))
+            break
+        before, after = prompt[k], prompt[k + 1]
+        if not after.startswith(before):
+            return None
+        added = after[len(before) :]
         start = added.find(shown)
         if start < 0:
-            raise _not_a_conversation(episode, protocol)
+            return None
+        if shown:
+            lead = added[:start]
         end = start + len(shown)
         line_end = added.find("\n", end)  # the answer's line ends before the observation
         cut = line_end if line_end >= 0 else end
         messages.append(_message("assistant", added[:cut]))
-        if k + 1 < len(steps):
-            messages.append(_message("user", added[cut:]))
+        messages.append(_message("user", added[cut:]))
     return messages
+
+
+def step_messages(episode: EpisodeRow, prompt: StepPrompt) -> list[Message]:
+    """One step as its own conversation: the request as sent (chat messages as they are; a text
+    prompt as the stored prefix and the rest) and the model's answer."""
+    sent = prompt.sent
+    answer = prompt.call.answer if prompt.call is not None else prompt.answer
+    if sent.messages is not None:
+        messages = list(sent.chat)
+    elif sent.prompt is not None and sent.prompt.startswith(episode.prompt_prefix):
+        prefix = episode.prompt_prefix
+        messages = [_message("system", prefix), _message("user", sent.prompt[len(prefix) :])]
+    else:
+        messages = [_message("user", sent.prompt or "")]
+    return [*messages, _message("assistant", answer or "")]
 
 
 def joined(messages: Iterable[Message]) -> str:
@@ -137,10 +168,11 @@ def _message(role: str, content: str) -> Message:
     return {"role": role, "content": content}
 
 
-def _not_a_conversation(episode: EpisodeRow, protocol: str) -> ConfigError:
+def _not_a_conversation(episode: EpisodeRow) -> ConfigError:
     return ConfigError(
-        f"episode {episode.episode_id!r} was played with --protocol {protocol}, whose prompts are "
-        "not append-only, so its steps are no one conversation: export it with --format jsonl"
+        f"episode {episode.episode_id!r} answered prompts that are not append-only text (the "
+        "reflexion-code protocol, chat-formatted requests), so its trials make no preference "
+        "pair: export it with --format sft (a record per step) or --format jsonl"
     )
 
 
@@ -149,6 +181,7 @@ class _Run:
 
     def __init__(self, reader: RunReader) -> None:
         config = (reader.get_meta("manifest") or {}).get("config") or {}
+        self.reader = reader
         self.name = reader.run_dir.resolve().name
         self.model = str(config.get("model") or "")
         self.protocol = str(config.get("protocol") or DEFAULT_PROTOCOL)
@@ -156,25 +189,42 @@ class _Run:
         self.steps = reader.all_steps()
         self.reflections = {(r.task, r.trial): r.text for r in reader.reflections()}
 
-    def meta(self, e: EpisodeRow) -> EpisodeMeta:
+    def meta(self, e: EpisodeRow, step: int | None = None, rebuilt: bool = False) -> EpisodeMeta:
         steps = self.steps.get(e.episode_id, [])
         return EpisodeMeta(
             run=self.name, game=e.game, task_type=e.task_type, trial=e.trial,
             episode_id=e.episode_id, model=self.model, arm=e.arm, protocol=self.protocol,
             steps=len(steps), invalid_steps=sum(s.kind == StepKind.INVALID for s in steps),
+            step=step, prompt="rebuilt" if rebuilt else "recorded",
         )  # fmt: skip
 
-    def messages(self, e: EpisodeRow) -> list[Message]:
-        return conversation(e, self.steps.get(e.episode_id, []), self.protocol)
+    def prompts(self, e: EpisodeRow) -> list[StepPrompt]:
+        return step_prompts(self.reader, e, self.steps.get(e.episode_id, []), self.protocol)
+
+    def messages(self, e: EpisodeRow) -> list[Message] | None:
+        return conversation(e, self.steps.get(e.episode_id, []), self.prompts(e))
+
+    def records(self, e: EpisodeRow) -> list[SftRecord]:
+        """The episode as one conversation, else one record per step."""
+        prompts = self.prompts(e)
+        rebuilt = any(p.rebuilt for p in prompts)
+        whole = conversation(e, self.steps.get(e.episode_id, []), prompts)
+        if whole is not None:
+            return [SftRecord(tuple(whole), self.meta(e, rebuilt=rebuilt))]
+        return [
+            SftRecord(tuple(step_messages(e, p)), self.meta(e, p.index, p.rebuilt)) for p in prompts
+        ]
 
 
 def sft_records(reader: RunReader) -> list[SftRecord]:
-    """One record per won episode, by trial then game."""
+    """The won episodes, by trial then game: each one record, or a record per step where its
+    prompts are no one conversation."""
     run = _Run(reader)
     return [
-        SftRecord(tuple(run.messages(e)), run.meta(e))
+        record
         for e in run.episodes
         if e.won and run.steps.get(e.episode_id)
+        for record in run.records(e)
     ]
 
 
@@ -190,12 +240,16 @@ def preference_pairs(reader: RunReader) -> list[PreferencePair]:
         if won is None:
             continue
         chosen = run.messages(won)
+        if chosen is None:
+            raise _not_a_conversation(won)
         failed_trials = [
             e for e in by_game[game]
             if e.trial < won.trial and not e.won and run.steps.get(e.episode_id)
         ]  # fmt: skip
         for failed in failed_trials:
             rejected = run.messages(failed)
+            if rejected is None:
+                raise _not_a_conversation(failed)
             pairs.append(
                 PreferencePair(
                     prompt=tuple(rejected[:2]),

@@ -7,6 +7,7 @@ always typed data and never text parsed back.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -127,10 +128,57 @@ def env_actions(steps: Iterable[Step]) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
-class ModelCall(_Record):
-    """One model call of any purpose (act, reflect, judge, plan, value, ...): what it cost.
+class SentRequest(_Record):
+    """A model request exactly as its backend sent it: the completion-style ``prompt`` or the
+    chat ``messages`` (``(role, content)`` pairs), one of the two, and every other field it
+    sent (``params``: endpoint, model, sampling, seed, stop strings, a grammar or
+    structured-output spec, ...). It never holds a key: it is made through the one redaction
+    pass (:mod:`agents.llm.redaction`)."""
 
-    Every call is recorded, so budgets, cost and reports count everything.
+    prompt: str | None = None
+    messages: tuple[tuple[str, str], ...] | None = None
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("a SentRequest holds exactly one of prompt or messages")
+        if self.messages is not None:
+            pairs = tuple((str(r), str(c)) for r, c in self.messages)
+            object.__setattr__(self, "messages", pairs)
+
+    @property
+    def text(self) -> str:
+        """The prompt, or the messages as one text (JSON ``[[role, content], ...]``): what the
+        store keeps, as what it adds to an earlier request's text."""
+        if self.prompt is not None:
+            return self.prompt
+        return json.dumps([list(m) for m in self.messages or ()], ensure_ascii=False)
+
+    @classmethod
+    def of_text(cls, form: str, text: str, params: Mapping[str, Any]) -> SentRequest:
+        """The inverse of :attr:`text` (``form``: :attr:`form`)."""
+        if form == "messages":
+            return cls(messages=tuple((r, c) for r, c in json.loads(text)), params=params)
+        return cls(prompt=text, params=params)
+
+    @property
+    def form(self) -> str:
+        return "text" if self.prompt is not None else "messages"
+
+    @property
+    def chat(self) -> list[dict[str, str]]:
+        """The messages as ``{"role", "content"}`` dicts (empty for a text prompt)."""
+        return [{"role": r, "content": c} for r, c in self.messages or ()]
+
+
+@dataclass(frozen=True)
+class ModelCall(_Record):
+    """One model call of any purpose (act, reflect, judge, plan, value, ...): where it was made,
+    the request as its backend sent it, the answer, and what it cost.
+
+    Every call is recorded, so budgets, cost and reports count everything; readers show its
+    request as recorded. ``rebuilt`` is a reader's mark: the request was not recorded (a store
+    written before requests were) and ``sent`` holds a prompt rebuilt from the steps.
     """
 
     purpose: str
@@ -143,6 +191,14 @@ class ModelCall(_Record):
     latency_s: float = 0.0
     retries: int = 0
     error: str | None = None  # the call failed (after its retries): why
+    step: int | None = None  # the call site's step: the steps its episode had taken
+    sent: SentRequest | None = None  # None: not recorded (a store older than the record)
+    answer: str | None = None  # the model's text, untrusted
+    alternatives: tuple[str, ...] = ()  # the other samples when n > 1
+    finish_reason: str | None = None
+    attempt_errors: tuple[str, ...] = ()  # why each failed attempt failed, in order
+    rebuilt: bool = False
+    id: int | None = field(default=None, compare=False)  # its row in the store (readers set it)
 
 
 @dataclass(frozen=True)

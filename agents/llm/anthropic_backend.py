@@ -229,6 +229,7 @@ class AnthropicBackend:
         label = f"{self.name} request {index}"
         results = []
         retries = 0
+        errors: list[str] = []
         for _ in range(request.config.n):
             try:
                 result, r = call_with_retries(
@@ -239,6 +240,7 @@ class AnthropicBackend:
                     label=label,
                     scrub=self._scrub,
                     cancelled=self._guard.cancelled,
+                    errors=errors,
                 )
             except BackendError as exc:
                 exc.retries += retries  # those of the answers before it too
@@ -267,6 +269,7 @@ class AnthropicBackend:
             retries=retries,
             sent=sent,
             alternatives=tuple(texts[1:]),
+            attempt_errors=tuple(errors),
         )
 
     def close(self) -> None:

@@ -163,6 +163,7 @@ class Completion:
     sent: Any = None
     alternatives: tuple[str, ...] = ()  # the other texts when n > 1
     invalid_text: int = 0  # code points of the texts that could not be stored (replaced)
+    attempt_errors: tuple[str, ...] = ()  # why each retried attempt failed, in order
 
     def __post_init__(self) -> None:
         text, bad = storable(self.text)
@@ -218,12 +219,16 @@ class BackendError(RuntimeError):
     """A request failed for a reason outside the agent (network, server, quota) after retries.
 
     The runner records it as an infrastructure error, never as the agent's failure.
-    ``retries`` is how many retries were made before giving up (recorded with the failed call).
+    ``retries`` is how many retries were made before giving up and ``attempt_errors`` why each
+    attempt failed (both recorded with the failed call).
     """
 
-    def __init__(self, message: str = "", *, retries: int = 0) -> None:
+    def __init__(
+        self, message: str = "", *, retries: int = 0, attempt_errors: Sequence[str] = ()
+    ) -> None:
         super().__init__(storable(message)[0])  # a server's error text is untrusted too
         self.retries = retries
+        self.attempt_errors = tuple(storable(e)[0] for e in attempt_errors)
 
 
 class ContextLimitError(BackendError):

@@ -31,6 +31,8 @@ from agents.llm.base import (
     Request,
     SpecError,
 )
+from agents.llm.redaction import redact
+from memory.records import SentRequest
 
 ChatFormat = Literal["raw", "user", "prefill"]
 CHAT_FORMATS: tuple[str, ...] = ("raw", "user", "prefill")
@@ -255,6 +257,52 @@ def sampling_dict(request: Request) -> dict[str, Any]:
         "seed": c.seed,
         "n": c.n,
     }
+
+
+def sent_request(request: Request, sent: Any) -> SentRequest:
+    """What the backend sent for ``request``, from its ``Completion.sent``: the prompt text or
+    the chat messages it holds, and every other field sent (redacted: no key is ever kept). A
+    ``sent`` that names no prompt or messages (a text rendered in process, a request that never
+    got an answer) gives the request's own, with its sampling settings and constraint."""
+    params: dict[str, Any] = dict(sent) if isinstance(sent, dict) else {}
+    prompt, messages = params.pop("prompt", None), params.pop("messages", None)
+    if isinstance(sent, str):
+        prompt = sent
+    pairs = _message_pairs(messages)
+    if not isinstance(prompt, str) and pairs is None:
+        prompt = request.prompt
+        if request.messages is not None:
+            pairs = tuple((m.role, m.content) for m in request.messages)
+        if sent is not None and not isinstance(sent, str | dict):
+            params["sent"] = repr(sent)
+    if "sampling" not in params and "temperature" not in params:
+        params["sampling"] = sampling_dict(request)
+    c = request.constraint
+    if c is not None and "extra_body" not in params:  # a server's spec is in its extra_body
+        params.setdefault(
+            "constraint", {"actions": list(c.actions), "allow_think": c.allow_think, "lead": c.lead}
+        )
+    clean = redact(params)
+    if pairs is not None:
+        return SentRequest(messages=pairs, params=clean)
+    return SentRequest(prompt=prompt if isinstance(prompt, str) else "", params=clean)
+
+
+def _message_pairs(messages: Any) -> tuple[tuple[str, str], ...] | None:
+    """Chat messages as sent (``{"role", "content"}``; a content of text blocks joined) as
+    (role, content) pairs; None when ``messages`` is none."""
+    if not isinstance(messages, list | tuple):
+        return None
+    pairs = []
+    for m in messages:
+        if not isinstance(m, dict):
+            return None
+        content = m.get("content")
+        if not isinstance(content, str):
+            blocks = content if isinstance(content, list) else []
+            content = "".join(str(b.get("text", "")) for b in blocks if isinstance(b, dict))
+        pairs.append((str(m.get("role", "")), content))
+    return tuple(pairs)
 
 
 def grounding_error(backend: str, reason: str) -> SpecError:

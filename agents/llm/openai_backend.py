@@ -337,6 +337,7 @@ class OpenAIBackend:
 
         start = time.perf_counter()
         label = f"{self.name} request {index}"
+        errors: list[str] = []
         (texts, finishes, usage), retries = call_with_retries(
             call,
             classify_openai_error,
@@ -345,6 +346,7 @@ class OpenAIBackend:
             label=label,
             scrub=self._scrub,
             cancelled=self._guard.cancelled,
+            errors=errors,
         )
         latency = time.perf_counter() - start
         cleaned, finish = finish_texts(
@@ -374,6 +376,7 @@ class OpenAIBackend:
             retries=retries,
             sent=sent,
             alternatives=tuple(cleaned[1:]),
+            attempt_errors=tuple(errors),
         )
 
     def _no_chat_endpoint(self, exc: BaseException) -> str:

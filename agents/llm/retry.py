@@ -143,8 +143,11 @@ def call_with_retries(
     label: str,
     scrub: Callable[[str], str] = lambda s: s,
     cancelled: threading.Event | None = None,
+    errors: list[str] | None = None,
 ) -> tuple[T, int]:
-    """Run ``call`` until it succeeds; returns ``(result, retries)``.
+    """Run ``call`` until it succeeds; returns ``(result, retries)``. ``errors``, when given,
+    gets why each failed attempt failed (scrubbed), in order; a BackendError raised carries
+    them too (``attempt_errors``).
 
     ``classify`` turns an exception into :class:`Retryable` or None (not worth retrying: raised
     at once as BackendError). ``scrub`` cleans messages of secrets before they are logged/raised.
@@ -155,6 +158,7 @@ def call_with_retries(
     import tenacity  # lazily: tenacity costs ~30 ms; only a backend that calls out retries
 
     stop_event = cancelled or threading.Event()
+    failed: list[str] = [] if errors is None else errors
 
     def wait(state: tenacity.RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome else None
@@ -180,6 +184,7 @@ def call_with_retries(
         exc = state.outcome.exception() if state.outcome else None
         reason = exc.reason if isinstance(exc, Retryable) else repr(exc)
         sleep = state.next_action.sleep if state.next_action else 0.0
+        failed.append(scrub(reason))
         log.warning(
             "%s: %s; retry %d/%d in %.2fs",
             label,
@@ -211,9 +216,11 @@ def call_with_retries(
         else:
             msg = f"{label}: gave up after {attempts} attempts: {scrub(exc.reason)}"
         log.error(msg)
-        raise BackendError(msg, retries=attempts - 1) from None
+        failed.append(scrub(exc.reason))
+        raise BackendError(msg, retries=attempts - 1, attempt_errors=failed) from None
     except BackendError as exc:
         exc.retries = max(attempts - 1, 0)
+        exc.attempt_errors = (*failed, str(exc))
         raise
     except Exception as exc:
         msg = f"{label}: {type(exc).__name__}: {scrub(str(exc))}"
@@ -222,7 +229,8 @@ def call_with_retries(
             log.warning("%s", limit)
             raise limit from None
         log.error(msg)
-        raise BackendError(msg, retries=max(attempts - 1, 0)) from None
+        failed.append(msg)
+        raise BackendError(msg, retries=max(attempts - 1, 0), attempt_errors=failed) from None
 
 
 def concurrent_map(fn: Callable[[T], R], items: Sequence[T], pool: ThreadPoolExecutor) -> list[R]:

@@ -55,6 +55,9 @@ otherwise take :func:`agents.llm.grounding.nearest_action` of it; the answer is 
 followed by the command. ``replay`` serves what was recorded, constraint or not.
 
 Token counts are words and punctuation marks of the prompt and answer (no tokenizer).
+``Completion.sent`` holds what a model would get: the prompt, or with ``chat_format`` ``user`` or
+``prefill`` the chat messages a chat backend wraps it in (:func:`agents.llm.common.prompt_as_messages`),
+and the sampling settings.
 """
 
 from __future__ import annotations
@@ -76,7 +79,13 @@ from agents.llm.base import (
     Request,
     SpecError,
 )
-from agents.llm.common import rough_token_count, truncate_at_stop
+from agents.llm.common import (
+    CHAT_FORMATS,
+    request_messages,
+    rough_token_count,
+    sampling_dict,
+    truncate_at_stop,
+)
 from agents.llm.ground_truth import NO_GROUND_TRUTH, GroundTruth
 from agents.llm.grounding import THINK, nearest_action
 from agents.llm.markers import (
@@ -309,8 +318,12 @@ class ScriptedBackend:
         name: str | None = None,
         arm: str | None = None,
         ground_truth: GroundTruth = NO_GROUND_TRUTH,
+        chat_format: str = "raw",
     ) -> None:
         kind, _, arg = policy.partition(":")
+        if chat_format not in CHAT_FORMATS:
+            raise SpecError(f"chat_format={chat_format!r}: use one of {', '.join(CHAT_FORMATS)}")
+        self.chat_format = chat_format
         if kind not in POLICIES:
             raise SpecError(
                 f"unknown scripted policy {kind!r}; choose one of {', '.join(POLICIES[:-1])},"
@@ -334,6 +347,8 @@ class ScriptedBackend:
 
     def describe(self) -> dict[str, Any]:
         info: dict[str, Any] = {"spec": self.name, "backend": "scripted", "policy": self.policy}
+        if self.chat_format != "raw":
+            info["chat_format"] = self.chat_format
         if self.run_dir is not None:
             info["run_dir"] = str(self.run_dir)
             info["arm"] = self.arm
@@ -358,9 +373,19 @@ class ScriptedBackend:
             finish_reason="stop",
             prompt_tokens=rough_token_count(prompt),
             completion_tokens=sum(rough_token_count(t) for t in texts),
-            sent={"policy": self.name},
+            sent=self._sent(request),
             alternatives=tuple(texts[1:]),
         )
+
+    def _sent(self, request: Request) -> dict[str, Any]:
+        """What a model would get: the prompt as text, or as the chat messages ``chat_format``
+        wraps it in (as a chat backend sends it), with the sampling settings."""
+        sent: dict[str, Any] = {"policy": self.name, "sampling": sampling_dict(request)}
+        if request.prompt is not None and self.chat_format == "raw":
+            sent["prompt"] = request.prompt
+        else:
+            sent["messages"] = request_messages(request, self.chat_format)
+        return sent
 
     def _walkthrough(self, site: CallSite) -> list[str] | None:
         """The call site's game's walkthrough: answers depend on the request and the game files

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 from agents import arms
 from agents.parsing import was_mapped
 from agents.prompting import transcript_action
-from agents.react import prompt_at
 from experiments.errors import RunStoreError
 from experiments.experience import INSIGHTS_KEY, shown, summary
-from experiments.store import EpisodeRow, Outcome, RunReader, StepCounts
-from memory.records import EndClass, SearchTree, Step, StepKind, classify_end
+from experiments.prompts import StepPrompt, step_prompts
+from experiments.store import EpisodeRow, Outcome, RunReader, StepCounts, shared_prefix
+from memory.records import EndClass, ModelCall, SearchTree, Step, StepKind, classify_end
 
 log = logging.getLogger("reflexsim.viewer")
 
@@ -23,11 +23,41 @@ if TYPE_CHECKING:  # types only: the report imports the viewer's page writer
     from experiments.report import RunSummary
 
 
-def step_prompt(episode: EpisodeRow, steps: Sequence[Step], index: int) -> str:
-    """The exact prompt the model answered with step ``index``."""
+def step_prompt(
+    reader: RunReader, episode: EpisodeRow, steps: Sequence[Step], index: int
+) -> StepPrompt:
+    """The request the model answered with step ``index``, as the run recorded it (rebuilt,
+    and marked so, in a store written before requests were recorded)."""
     if not 0 <= index < len(steps):
         raise IndexError(f"episode {episode.episode_id!r} has no step {index}")
-    return prompt_at(episode.prompt_prefix, episode.observation, steps[:index])
+    return step_prompts(reader, episode, steps[: index + 1])[index]
+
+
+def prompt_view(prompt: StepPrompt) -> dict[str, Any]:
+    """A step's request as the page shows it: its text, messages, every other field sent, and
+    whether it was recorded or rebuilt."""
+    sent = prompt.sent
+    return {
+        "step": prompt.index,
+        "prompt": prompt.shown,
+        "messages": sent.chat if sent.messages is not None else None,
+        "params": dict(sent.params),
+        "source": "rebuilt" if prompt.rebuilt else "recorded",
+        "purpose": prompt.call.purpose if prompt.call is not None else "act",
+    }
+
+
+def call_view(call: ModelCall, with_prompt: bool) -> dict[str, Any]:
+    """One model call of an episode (every field of its record); its request's text only when
+    ``with_prompt`` (a step's own prompt is shown with its step)."""
+    sent = call.sent
+    view = {k: v for k, v in call.to_dict().items() if k not in ("sent", "rebuilt", "id")}
+    view["recorded"] = sent is not None
+    view["params"] = dict(sent.params) if sent is not None else None
+    if with_prompt and sent is not None:
+        view["prompt"] = sent.prompt
+        view["messages"] = sent.chat if sent.messages is not None else None
+    return view
 
 
 def run_index(
@@ -109,8 +139,14 @@ def prompt_memory(episode: EpisodeRow) -> list[dict[str, Any]]:
 
 def episode_detail(reader: RunReader, episode: EpisodeRow, steps: Sequence[Step]) -> dict[str, Any]:
     """One episode step by step, with the reflections and the experience of other games its
-    prompt showed (None: it recorded none), and the reflection it led to."""
+    prompt showed (None: it recorded none), the reflection it led to, and every model call made
+    for it (``calls``: a step's prompt is the step's; the others' prompts and answers are here).
+    Each step's prompt is there as what it keeps of the one before (the first step's: of the
+    prompt prefix) and what it adds (``prompt_keep``, ``prompt_add``), with its ``source``."""
     after = [r for r in reader.reflections(episode.game) if r.trial == episode.trial]
+    calls = reader.episode_calls(episode)
+    prompts = step_prompts(reader, episode, steps, calls=[c for c in calls if c.episode_id])
+    made = {id(p.call) for p in prompts if p.call is not None}
     return {
         "id": episode.episode_id,
         "game": episode.game,
@@ -147,10 +183,25 @@ def episode_detail(reader: RunReader, episode: EpisodeRow, steps: Sequence[Step]
                 "kind": str(s.kind),
                 "transcript_action": transcript_action(s),
                 "mapped": s.kind == StepKind.ACT and was_mapped(s.raw_output, s.action),
+                **_prompt_delta(prompts, k, episode.prompt_prefix),
             }
-            for s in steps
+            for k, s in enumerate(steps)
         ],
+        "calls": [call_view(c, id(c) not in made) for c in calls],
         "tree": tree_view(reader.search_tree(episode.episode_id)),
+    }
+
+
+def _prompt_delta(prompts: Sequence[StepPrompt], k: int, prefix: str) -> dict[str, Any]:
+    """Step ``k``'s prompt as the page rebuilds it: the leading part it keeps of the previous
+    step's shown text (step 0: of the prefix), and the rest."""
+    before = prompts[k - 1].shown if k else prefix
+    text = prompts[k].shown
+    keep = shared_prefix(before, text)
+    return {
+        "prompt_keep": keep,
+        "prompt_add": text[keep:],
+        "prompt_source": "rebuilt" if prompts[k].rebuilt else "recorded",
     }
 
 

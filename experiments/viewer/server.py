@@ -22,7 +22,7 @@ from urllib.parse import parse_qs, urlsplit
 from experiments.errors import ConfigError, RunStoreError
 from experiments.report import run_labels, summarize
 from experiments.store import open_reader
-from experiments.viewer.data import load_episode, run_index, step_prompt
+from experiments.viewer.data import load_episode, prompt_view, run_index, step_prompt
 from experiments.viewer.page import SERVED_CSP, asset, served_page
 
 log = logging.getLogger("reflexsim.viewer")
@@ -150,11 +150,11 @@ class _Handler(BaseHTTPRequestHandler):
             if row is None:
                 raise _NotFound(episode_id)
             steps = reader.steps(episode_id)
-        try:
-            prompt = step_prompt(row, steps, index)
-        except IndexError:
-            raise _NotFound(f"{episode_id} step {index}") from None
-        return {"episode": episode_id, "step": index, "prompt": prompt}
+            try:
+                prompt = step_prompt(reader, row, steps, index)
+            except IndexError:
+                raise _NotFound(f"{episode_id} step {index}") from None
+        return {"episode": episode_id, **prompt_view(prompt)}
 
     # -- responses ---------------------------------------------------------------------------
     def _send_json(self, data: Any, status: HTTPStatus, head: bool) -> None:

@@ -76,16 +76,17 @@
     }
   }
   async function loadPrompt(detail, index) {
+    // The request the step answered, as the run recorded it (or rebuilt, in an older store).
     if (MODE === "static") {
-      // The same text as agents.prompting.actor_prompt(prefix, observation, steps[:index]).
-      let prompt = state.data.prefixes[detail.prefix_ref] + detail.observation;
-      for (const s of detail.steps.slice(0, index)) {
-        prompt += "\n> " + s.transcript_action + "\n" + s.observation;
+      // each step's text keeps a leading part of the one before (step 0: of the prefix)
+      let prompt = state.data.prefixes[detail.prefix_ref];
+      for (const s of detail.steps.slice(0, index + 1)) {
+        prompt = prompt.slice(0, s.prompt_keep) + s.prompt_add;
       }
-      return prompt + "\n>";
+      return { prompt: prompt, source: detail.steps[index].prompt_source };
     }
     const url = `/api/prompt?id=${encodeURIComponent(detail.id)}&step=${index}`;
-    return (await getJSON(url)).prompt;
+    return await getJSON(url);
   }
   function runById(runId) {
     return state.data.runs.find((r) => String(r.id) === String(runId)) || null;
@@ -481,6 +482,7 @@
   }
   function stepDetail(detail, step) {
     const promptBox = h("pre", { class: "prompt hidden", testid: "prompt" });
+    const sourceNote = h("p", { class: "prompt-source hidden", testid: "prompt-source" });
     const button = h("button", {
       type: "button",
       testid: "show-prompt",
@@ -489,15 +491,22 @@
         ev.stopPropagation();
         if (!promptBox.classList.contains("hidden")) {
           promptBox.classList.add("hidden");
+          sourceNote.classList.add("hidden");
           button.textContent = "Show the exact prompt";
           return;
         }
         button.textContent = "Loading…";
         try {
-          promptBox.textContent = await loadPrompt(detail, step.index);
+          const got = await loadPrompt(detail, step.index);
+          promptBox.textContent = got.prompt;
+          sourceNote.textContent =
+            got.source === "rebuilt"
+              ? "rebuilt from the steps: this run's store did not record the request"
+              : "as sent";
         } catch (err) {
           promptBox.textContent = "could not load the prompt: " + err.message;
         }
+        sourceNote.classList.remove("hidden");
         promptBox.classList.remove("hidden");
         button.textContent = "Hide the prompt";
       },
@@ -521,6 +530,7 @@
         field("latency", `${Number(step.latency_s).toFixed(3)} s`),
       ),
       button,
+      sourceNote,
       promptBox,
     );
   }
@@ -563,6 +573,32 @@
       h("thead", null, h("tr", null, ["#", "kind", "thought / action", "observation"].map((c) => h("th", { text: c })))),
       body,
     );
+  }
+  function modelCalls(calls) {
+    // Every model call made for the episode, as recorded; a step's prompt is shown with its step.
+    if (!calls || !calls.length) return null;
+    const items = calls.map((c) => {
+      const where = c.step === null || c.step === undefined ? `trial ${c.trial}` : `step ${c.step}`;
+      const cost = `${c.prompt_tokens} prompt, ${c.completion_tokens} completion tokens, ${Number(c.latency_s).toFixed(3)} s`;
+      const retried = c.retries ? `, ${c.retries} retries` : "";
+      const request = c.messages
+        ? c.messages.map((m) => `[${m.role}]\n${m.content}`).join("\n\n")
+        : c.prompt;
+      return h(
+        "li",
+        { testid: "model-call" },
+        h("strong", { text: c.purpose }),
+        ` (${where}): ${cost}${retried}`,
+        c.recorded ? null : h("em", { text: " (request not recorded in this store)" }),
+        c.error ? h("div", { class: "error", text: c.error }) : null,
+        c.attempt_errors.length ? h("ul", null, c.attempt_errors.map((e) => h("li", { class: "error", text: e }))) : null,
+        request !== undefined && request !== null
+          ? h("details", null, h("summary", { text: "prompt" }), h("pre", { class: "prompt", testid: "call-prompt", text: request }))
+          : null,
+        c.answer !== null ? h("pre", { class: "model-text", testid: "call-answer", text: c.answer }) : null,
+      );
+    });
+    return h("section", { class: "calls", testid: "model-calls" }, h("h3", { text: `Model calls (${calls.length})` }), h("ol", null, items));
   }
   function otherTrials(run, detail) {
     const eps = run.episodes.filter((e) => e.game === detail.game).sort((a, b) => a.trial - b.trial);
@@ -621,6 +657,7 @@
         h("pre", { class: "observation", testid: "first-observation", text: detail.observation }),
         h("h3", { text: `Steps (${detail.steps.length})` }),
         stepsTable(run, detail),
+        modelCalls(detail.calls),
         detail.tree ? searchTree(detail.tree) : null,
       ),
     );

@@ -15,6 +15,7 @@ from agents.llm.common import prompt_as_messages
 from experiments.cli import main
 from experiments.store import open_reader
 from experiments.viewer.data import step_prompt
+from memory.records import SentRequest
 from tests.support.fault_server import FaultServer
 
 SPLIT = "eval_out_of_distribution"
@@ -37,14 +38,17 @@ def _run(server: FaultServer, model: str, run_dir: Path, games: Path, *more: str
     ])  # fmt: skip
 
 
-def _prompts(run_dir: Path) -> tuple[list[str], dict[str, Any]]:
-    """The prompt of every step the run played, as the store holds it (what the model got),
-    and the manifest's record of the actor."""
+def _prompts(run_dir: Path) -> tuple[list[SentRequest], dict[str, Any]]:
+    """The request of every step the run played, as the store recorded it (what the server
+    got), and the manifest's record of the actor."""
     with open_reader(run_dir) as reader:
         out = []
         for row in reader.episodes():
             steps = reader.steps(row.episode_id)
-            out += [step_prompt(row, steps, k) for k in range(len(steps))]
+            for k in range(len(steps)):
+                prompt = step_prompt(reader, row, steps, k)
+                assert not prompt.rebuilt
+                out.append(prompt.sent)
         actor = reader.get_meta("manifest")["actor"]
     return out, actor
 
@@ -61,7 +65,13 @@ def test_a_chat_format_sends_chat_requests_wrapped_that_way(
     prompts, actor = _prompts(tmp_path / "run")
     assert len(prompts) == 2
     assert paths == ["/v1/chat/completions"] * 2
-    assert [b["messages"] for b in bodies] == [prompt_as_messages(p, chat_format) for p in prompts]
+    assert [b["messages"] for b in bodies] == [p.chat for p in prompts]  # as recorded
+    chats = [p.chat for p in prompts]
+    if chat_format == "user":  # the instruction, a blank line, then the prompt
+        texts = [m[0]["content"].split("\n\n", 1)[1] for m in chats]
+    else:  # the prompt as the assistant's unfinished message
+        texts = [m[1]["content"] for m in chats]
+    assert [p.chat for p in prompts] == [prompt_as_messages(t, chat_format) for t in texts]
     assert all("prompt" not in b for b in bodies)
     if chat_format == "prefill":  # vLLM's way to continue the assistant's message
         assert all(b["continue_final_message"] is True for b in bodies)
@@ -80,7 +90,7 @@ def test_raw_or_no_chat_format_sends_the_completions_text(
     assert code == 0
     prompts, actor = _prompts(tmp_path / "run")
     assert paths == ["/v1/completions"] * 2
-    assert [b["prompt"] for b in bodies] == prompts
+    assert [b["prompt"] for b in bodies] == [p.prompt for p in prompts]
     assert (actor["api"], actor["chat_format"]) == ("completions", "raw")
 
 

@@ -184,6 +184,8 @@ def test_bad_usage_is_retried_and_the_token_budget_holds(
         totals = store.token_totals()
     assert state.stopped and "token budget 50" in state.stopped
     assert faults == len(calls) and all(c.retries == 1 for c in calls)
+    # each call's record keeps why its first attempt failed, and the request as sent
+    assert all(len(c.attempt_errors) == 1 and c.sent is not None for c in calls)
     assert all(min(c.prompt_tokens, c.completion_tokens, c.cached_tokens) >= 0 for c in calls)
     assert 50 <= totals.total < 50 + max(c.prompt_tokens + c.completion_tokens for c in calls)
 

@@ -390,7 +390,7 @@ def test_a_real_run_report_and_its_prompts(
         for row in store.episodes():
             steps = store.steps(row.episode_id)
             for i in range(len(steps)):
-                assert step_prompt(row, steps, i) == sent[(row.game, row.trial, i)]
+                assert step_prompt(store, row, steps, i).shown == sent[(row.game, row.trial, i)]
                 checked += 1
     finally:
         store.close()
@@ -436,8 +436,13 @@ def test_committed_results_still_render(run_dir: Path, tmp_path: Path) -> None:
         detail = load_episode(reader, episode.episode_id)
         row = reader.episode(episode.episode_id)
         steps = reader.steps(episode.episode_id)
+        assert row is not None
+        last = step_prompt(reader, row, steps, len(steps) - 1)
     assert detail is not None and len(detail["steps"]) == len(steps) > 0
-    assert step_prompt(row, steps, len(steps) - 1).startswith(row.prompt_prefix)
+    assert last.shown.startswith(row.prompt_prefix)
+    # committed before requests were recorded: rebuilt, and marked so in the page and the API
+    assert last.rebuilt and detail["steps"][-1]["prompt_source"] == "rebuilt"
+    assert all(not c["recorded"] for c in detail["calls"])
 
 
 @pytest.mark.skipif(not COMMITTED, reason="no committed results in this checkout")

@@ -28,7 +28,7 @@ from experiments.store import (
     episode_id,
     open_reader,
 )
-from memory.records import EpisodeStatus, FailureClass, ModelCall, Step, StepKind
+from memory.records import EpisodeStatus, FailureClass, ModelCall, SentRequest, Step, StepKind
 from tests.support.runfactory import COMMITTED, COMMITTED_V1, game_id, make_run, standard_tasks
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -168,6 +168,54 @@ def test_every_model_call_counts_whatever_its_purpose(run: Path) -> None:
         assert reader.progress() == Progress(solved=solved, tokens=414) and solved == 3
 
 
+def test_each_call_is_kept_as_sent_and_a_prompt_as_what_it_adds(run: Path) -> None:
+    """A call's request comes back exactly as it was recorded; a step's prompt costs the store
+    its new text (the part it shares with the episode's last prompt is a reference), a text
+    that is no extension (the code protocol's ``obs>`` then ``obs\n> act``) keeps the shared
+    part, and chat messages are kept the same way."""
+    game = game_id("cool", 4)
+    eid = episode_id(game, 2)
+    prefix = "Interact with a household to solve a task. " * 20
+    prompts = [prefix + "You see a desk 1.>"]
+    for k in range(1, 6):
+        prompts.append(prompts[-1][:-1] + f"\n> go to desk {k}\nYou arrive at desk {k}.>")
+    sampling = {"temperature": 0.0, "stop": ["\n"], "seed": 7}
+    calls = [
+        ModelCall("act", game, 2, eid, step=k, answer=f" go to desk {k + 1}", finish_reason="stop",
+                  sent=SentRequest(prompt=p, params=sampling))
+        for k, p in enumerate(prompts)
+    ]  # fmt: skip
+    chat = [(("user", "Continue.\n\n" + p),) for p in prompts[:3]]
+    calls += [
+        ModelCall("act", game, 2, eid, step=k, sent=SentRequest(messages=m), answer=" look")
+        for k, m in enumerate(chat)
+    ]
+    calls.append(
+        ModelCall("reflect", game, 2, None, retries=2, attempt_errors=("HTTP 503", "timeout"),
+                  sent=SentRequest(prompt="Reflect.\n" + prompts[-1]), answer="Plan: x",
+                  alternatives=("Plan: y",))
+    )  # fmt: skip
+    with RunStore(run) as store:
+        for call in calls:
+            store.add_model_call(call)
+    rows = sql(run, "SELECT prompt_base, prompt_keep, length(prompt_text) FROM model_calls"
+               " WHERE prompt_form IS NOT NULL ORDER BY id")  # fmt: skip
+    assert rows[0] == (None, None, len(prompts[0]))  # the first prompt is whole
+    for k in range(1, 6):  # then what each adds after the shared part (all but the '>')
+        base, keep, added = rows[k]
+        assert keep == len(prompts[k - 1]) - 1 and added == len(prompts[k]) - keep
+    assert rows[6][0] is None  # the first messages: whole (no text is shared across forms)
+    assert all(r[0] is not None and r[2] < 200 for r in rows[7:9])  # then what they add
+    with open_reader(run) as reader:
+        got = [c for c in reader.model_calls() if c.sent is not None]
+        assert got == calls
+        assert [c.sent.prompt for c in got[:6]] == prompts
+        row = reader.episode(eid)
+        assert row is not None
+        mine = reader.episode_calls(row)  # its own calls and its trial's reflection
+        assert [c for c in mine if c.sent is not None] == calls
+
+
 # -- schema versions -----------------------------------------------------------------------------
 @needs_committed
 def test_a_v1_store_is_read_as_it_is_without_writing(v1_copy: Path) -> None:
@@ -186,6 +234,7 @@ def test_a_v1_store_is_read_as_it_is_without_writing(v1_copy: Path) -> None:
         assert by_purpose.get("reflect", CallTotals(0, 0, 0, 0, 0.0, 0, 0)).calls == refl
         calls = reader.model_calls()
         assert len(calls) == steps + refl and {c.purpose for c in calls} <= {"act", "reflect"}
+        assert all(c.sent is None and c.answer is None for c in calls)  # none was recorded
     with RunStore(v1_copy, readonly=True) as store:  # the old read-only spelling works too
         assert store.schema_version == 1 and store.token_totals().prompt == sp + rp
     assert sha(v1_copy / DB_NAME) == before and {p.name for p in v1_copy.iterdir()} == before_names

@@ -13,9 +13,9 @@ import pytest
 
 from experiments.cli import main
 from experiments.config import RunConfig
-from experiments.errors import ConfigError
+from experiments.prompts import step_prompts
 from experiments.session import run
-from experiments.store import RunReader, open_reader
+from experiments.store import EpisodeRow, RunReader, open_reader
 from experiments.training_data import conversation, joined
 from experiments.viewer.data import step_prompt
 from tests.support.runfactory import COMMITTED, COMMITTED_V1, make_run, standard_tasks
@@ -52,8 +52,15 @@ def _prompts_match(reader: RunReader, episode_id: str, messages: list[dict[str, 
     roles = [m["role"] for m in messages]
     assert roles == ["system", "user"] + ["assistant", "user"] * (len(steps) - 1) + ["assistant"]
     for k in range(len(steps)):
-        assert joined(messages[: 2 + 2 * k]) == step_prompt(row, steps, k)
+        assert joined(messages[: 2 + 2 * k]) == step_prompt(reader, row, steps, k).shown
     return len(steps)
+
+
+def _conversation(reader: RunReader, row: EpisodeRow, protocol: str | None = None) -> list:
+    steps = reader.steps(row.episode_id)
+    messages = conversation(row, steps, step_prompts(reader, row, steps, protocol))
+    assert messages is not None
+    return messages
 
 
 def test_sft_records_hold_each_won_episode_with_its_exact_prompts(
@@ -99,7 +106,7 @@ def test_preference_pairs_are_a_failed_trial_and_its_won_retry(
             (reflection,) = reader.reflections(chosen["game"])
             assert p["reflection"] == reflection.text and reflection.trial == rejected["trial"]
             assert p["same_prompt"] is False
-            assert p["prompt"][1] == conversation(chosen_row, reader.steps(chosen["episode_id"]))[1]
+            assert p["prompt"][1] == _conversation(reader, chosen_row)[1]
             _prompts_match(reader, rejected["episode_id"], p["prompt"] + p["rejected"])
             assert chosen["steps"] == len(p["chosen"]) // 2 + 1 and p["chosen"][-1]["role"] == (
                 "assistant"
@@ -165,18 +172,20 @@ def test_a_store_with_loosely_written_steps_and_a_layout_that_is_not_append_only
     tmp_path: Path,
 ) -> None:
     """runfactory's episodes: a thought, an invalid output, an inadmissible action and a mapped
-    one. The answer is what the next prompt shows (the executed action); a protocol whose
-    prompts are not append-only is refused."""
+    one. The answer is what the next prompt shows (the executed action); prompts that are not
+    append-only (rebuilt here with the code protocol's layout) make no conversation."""
     run_dir = make_run(tmp_path / "run", standard_tasks())
     with open_reader(run_dir) as reader:
         won = [e for e in reader.episodes() if e.won]
         for e in won:
-            messages = conversation(e, reader.steps(e.episode_id))
+            messages = _conversation(reader, e)
             _prompts_match(reader, e.episode_id, messages)
             assert messages[-1]["content"] == " move apple 1 to fridge 1"
             assert messages[6]["content"] == " "  # the invalid output: its line holds nothing
-        with pytest.raises(ConfigError, match="not append-only"):
-            conversation(won[0], reader.steps(won[0].episode_id), "reflexion-code")
+        steps = reader.steps(won[0].episode_id)
+        code = step_prompts(reader, won[0], steps, "reflexion-code")
+        assert all(p.rebuilt for p in code)  # this store recorded no request
+        assert conversation(won[0], steps, code) is None
     assert _export(run_dir, "preference", tmp_path) == 0
     pairs = _lines(tmp_path / "preference.jsonl")
     # clean: trial 0 failed; heat: trial 0 was an infrastructure error, trial 1 failed
@@ -199,5 +208,4 @@ def test_committed_stores_export_and_their_episodes_read_as_conversations(tmp_pa
             assert out.read_text() == ""
         with open_reader(run_dir) as reader:
             first = reader.episodes()[0]
-            steps = reader.steps(first.episode_id)
-            assert _prompts_match(reader, first.episode_id, conversation(first, steps)) > 0
+            assert _prompts_match(reader, first.episode_id, _conversation(reader, first)) > 0

@@ -136,9 +136,11 @@ def test_api_episode_and_the_exact_prompt(server, run_dir: Path) -> None:
     steps = store.steps(row.episode_id)
     store.close()
     for i in range(len(steps)):
-        got = get_json(server, f"/api/prompt?id={q(row.episode_id)}&step={i}")["prompt"]
+        answer = get_json(server, f"/api/prompt?id={q(row.episode_id)}&step={i}")
+        got = answer["prompt"]
         history = [(s.action or s.raw_output.strip(), s.observation) for s in steps[:i]]
         assert got == actor_prompt(row.prompt_prefix, row.observation, history)
+        assert answer["source"] == "rebuilt"  # this store recorded no request: it says so
     assert "Your memory for the task below" in got and got.endswith("\n>")
 
     assert get(server, "/api/episode?id=nope")[0] == 404
@@ -164,7 +166,7 @@ def test_step_prompt_is_what_the_actor_sent(run_dir: Path) -> None:
                     settings, row.prompt_prefix, row.observation, steps[:i], EnvReply(""),
                     game=row.game, trial=row.trial, seed=0,
                 )  # fmt: skip
-                assert step_prompt(row, steps, i) == sent.prompt
+                assert step_prompt(store, row, steps, i).shown == sent.prompt
     finally:
         store.close()
 
@@ -276,6 +278,9 @@ def test_replay_prints_the_episode_as_plain_text(run_dir: Path) -> None:
     won = io.StringIO()
     replay(run_dir, game_id("clean", 2), 1, won)
     assert "WON" in won.getvalue() and "reflections in the prompt" in won.getvalue()
+    asked = io.StringIO()
+    replay(run_dir, game_id("clean", 2), 1, asked, prompts=True)
+    assert "[0] prompt, rebuilt from the steps (not recorded):" in asked.getvalue()
 
 
 class _Tty(io.StringIO):

@@ -32,7 +32,7 @@ def expected_prompt(run: Path, game: str, trial: int, step: int) -> str:
     try:
         row = store.episode(episode_id(game, trial))
         assert row is not None
-        return step_prompt(row, store.steps(row.episode_id), step)
+        return step_prompt(store, row, store.steps(row.episode_id), step).shown
     finally:
         store.close()
 

@@ -84,6 +84,8 @@ def _check_faults_and_retries(
     assert retries >= stats["requests"] - stats["answered"] > 0
     retry_logs = [r for r in records if r.name == logger and "retry" in r.getMessage()]
     assert len(retry_logs) == retries
+    # why each failed attempt failed goes back with the answer (the run store keeps it)
+    assert [len(c.attempt_errors) for c in completions] == [c.retries for c in completions]
     return stats
 
 
@@ -208,9 +210,11 @@ def test_non_retryable_errors_fail_at_once_and_exhausted_retries_name_the_cause(
         backend.close()
     with FaultServer(FaultPlan(rate=1.0, kinds=("500",))) as server:
         backend = make_backend("openai:m", base_url=server.url, **{**FAST, "max_retries": 3})
-        with pytest.raises(BackendError, match=r"gave up after 4 attempts: HTTP 500"):
+        with pytest.raises(BackendError, match=r"gave up after 4 attempts: HTTP 500") as info:
             backend.generate([Request(config=CFG, prompt="hi")])
         assert server.stats()["requests"] == 4
+        errors = info.value.attempt_errors
+        assert len(errors) == 4 and all("500" in e for e in errors)
         backend.close()
 
 

@@ -213,3 +213,26 @@ def test_replay_opens_the_store_read_only(tmp_path: Path) -> None:
 def test_replay_of_a_missing_run_is_a_spec_error(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match="no run store at"):
         make_backend(f"scripted:replay:{tmp_path / 'nope'}")
+
+
+@pytest.mark.parametrize("chat_format", ["raw", "user", "prefill"])
+def test_a_policy_sends_what_a_model_would_get(chat_format: str) -> None:
+    """``sent`` holds the prompt, or the messages a chat backend wraps it in; the record made of
+    it (``sent_request``) is that, with the sampling settings and no key."""
+    from agents.llm.common import prompt_as_messages, sent_request
+
+    backend = make_backend("scripted:expert", ground_truth=TRUTH, chat_format=chat_format)
+    request = _request(PROMPT, CallSite(game=GAME, trial=0, step=1))
+    (answer,) = backend.generate([request])
+    record = sent_request(request, answer.sent)
+    if chat_format == "raw":
+        assert record.prompt == PROMPT and record.messages is None
+    else:
+        assert record.chat == prompt_as_messages(PROMPT, chat_format)
+    assert record.params["sampling"]["stop"] == ["\n"]
+    keyed = {"prompt": PROMPT, "extra_headers": {"Authorization": "Bearer sk-x"},
+             "extra_body": {"api_key": "sk-x", "top_k": 5}, "temperature": 0.0}  # fmt: skip
+    kept = sent_request(request, keyed)
+    assert "sk-x" not in repr(kept) and kept.params["extra_body"] == {"top_k": 5}
+    with pytest.raises(SpecError, match="chat_format"):
+        make_backend("scripted:expert", chat_format="json")
