@@ -6,6 +6,12 @@ pytest command (by default the README's test line, without the install) ``--repe
 wall time, its pytest summary line and the node ids of the tests that failed; with ``--load 0``
 it is the quiet time. Every run's log is kept under ``--logs``.
 
+On a Linux kernel that groups processes by session (``/proc/sys/kernel/sched_autogroup_enabled``
+is 1), ``nice`` does not keep other work out of the way: every terminal or job session gets an
+equal share of the CPU whatever its nice value, so work started elsewhere at ``nice -n 19`` still
+loads the measurement as much as the busy processes do. Measure with nothing else running, or
+with autogrouping off (as root: ``echo 0 > /proc/sys/kernel/sched_autogroup_enabled``).
+
 Run from the checkout to measure, e.g.:
 
     python benchmarks/suite_under_load.py --load 2 --repeats 3
