@@ -44,6 +44,7 @@ def gathered(train_games: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     cfg = game_run(
         train_games, tmp_path_factory.mktemp("gather"), "gather", "reflexion", split="train",
         trials=2, model="scripted:learner", max_steps=8, task_types=["heat"], workers=1,
+        step_timeout_s=600,
     )  # fmt: skip
     return run(cfg)
 
@@ -112,7 +113,7 @@ def test_every_request_is_recorded_as_sent_and_read_back_as_recorded(
     cfg = game_run(
         generated_games, tmp_path, "run", arm, trials=1 if alone else 2,
         model="scripted:expert" if alone else "scripted:learner",
-        max_steps=12, task_types=["heat"], workers=1, concurrency=1, **kw,
+        max_steps=12, task_types=["heat"], workers=1, concurrency=1, step_timeout_s=600, **kw,
     )  # fmt: skip
     run_dir = run(cfg)
     seen = [pair for r in recorders for pair in r.seen]
@@ -211,6 +212,7 @@ def test_the_paper_original_preset_shows_every_prompt_as_sent_and_exports_it(
     code = main([
         "run", "--config", "paper-original", "--model", "scripted:learner", "--no-serve",
         "--data", str(generated_games), "--games", "2", "--trials", "2", "--workers", "1",
+        "--step-timeout-s", "600",
         "--run-dir", str(tmp_path / "paper"), *wording,
     ])  # fmt: skip
     assert code == 0
