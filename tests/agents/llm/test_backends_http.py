@@ -78,8 +78,15 @@ def _check_faults_and_retries(
 ) -> dict[str, int]:
     stats = server.stats()
     retries = sum(c.retries for c in completions)
-    # every attempt reached the server: one per answer plus one per retry
-    assert stats["requests"] == len(completions) + retries
+    # one attempt per answer plus one per retry; on a loaded machine an attempt can time out
+    # before the server reads it, and only such client-side failures may be missing there
+    unseen = len(completions) + retries - stats["requests"]
+    client_side = sum(
+        e == "timeout" or e.startswith("connection error")
+        for c in completions
+        for e in c.attempt_errors
+    )
+    assert 0 <= unseen <= client_side - stats.get("timeout", 0) - stats.get("reset", 0)
     # every injected fault cost a retry (a busy machine may add a real timeout or two)
     assert retries >= stats["requests"] - stats["answered"] > 0
     retry_logs = [r for r in records if r.name == logger and "retry" in r.getMessage()]
