@@ -10,18 +10,22 @@ plays the same slice, ``--repeats`` times, the settings taking turns:
   before a new slot was made;
 - ``base``: the base commit: whole 128-token blocks, the same routing;
 - ``new-N``: whole ``N``-token blocks (``n_batch=N``) and each episode on its own slot (a prompt
-  without one takes a fresh slot while there is room).
+  without one takes a fresh slot while there is room), the slots of a batch run at once (one per
+  core, each with its share of the cores: the default); ``new-N-pK``: at most ``K`` at once
+  (``new-128-p1``: one at a time, llama-cpp-python's threads, as the base commit ran them).
 
 Printed: per setting, per actor call (means): prompt tokens evaluated and cached, seconds, and
 how llama.cpp's own counters split the model time (prompt evaluation, decoding); the share of
 the model time spent in reflection and judge calls; slots made; wall time (median of repeats) and
-its ratio to the first setting's (``--settings``: default old, base, new-128, new-256). Then the
+its ratio to the first setting's (``--settings``: default base, new-128-p1, new-128, new-64).
+llama.cpp's prompt and decode seconds are summed over the slots (slots running at once overlap).
+Then the
 kernel, for the choice of ``n_batch`` and threads: prompt evaluation tokens/s of a 1,500-token
 prompt at each ``n_batch`` and ``n_threads_batch``, and decoding tokens/s at each ``n_threads``
 (medians of repeats). On a shared machine compare ratios.
 
     python benchmarks/bench_first_command.py [--games 4] [--trials 2] [--max-steps 10]
-        [--repeats 1] [--settings old base new-128] [--skip-kernel]
+        [--repeats 1] [--settings old base new-128-p1 new-128] [--skip-kernel]
 """
 
 from __future__ import annotations
@@ -108,14 +112,26 @@ def backend_class(cls: type[LlamaCppBackend]) -> Iterator[None]:
         llamacpp_backend.LlamaCppBackend = saved  # type: ignore[misc]
 
 
+def setting(name: str) -> tuple[type[Measured], dict[str, int]]:
+    """The backend class and options of a setting's name (see the module docstring)."""
+    if name in SETTINGS:
+        cls, n_batch = SETTINGS[name]
+        return cls, {"n_batch": n_batch, "parallel": 1}  # one slot at a time, as then
+    parts = name.split("-")
+    options = {"n_batch": int(parts[1])}
+    if len(parts) > 2:
+        options["parallel"] = int(parts[2].removeprefix("p"))
+    return Measured, options
+
+
 def play(args: argparse.Namespace, name: str, run_dir: Path) -> dict[str, float]:
-    cls, n_batch = SETTINGS[name] if name in SETTINGS else (Measured, int(name.split("-")[1]))
+    cls, options = setting(name)
     cfg = RunConfig.of(
         model="embedded",
         games=args.games,
         trials=args.trials,
         max_steps=args.max_steps,
-        backend_options={"n_batch": n_batch},
+        backend_options=options,
         run_dir=str(run_dir),
     )
     start = time.perf_counter()
@@ -155,7 +171,7 @@ def workload(args: argparse.Namespace) -> None:
         f"at most {args.max_steps} steps; means per actor call; wall: median of {args.repeats}"
     )
     head = (
-        f"{'setting':<9}{'calls':>6}{'evaluated':>10}{'cached':>8}{'s/call':>8}{'prompt s':>9}"
+        f"{'setting':<12}{'calls':>6}{'evaluated':>10}{'cached':>8}{'s/call':>8}{'prompt s':>9}"
         f"{'decode s':>9}{'refl/judge':>11}{'slots':>6}{'wall s':>8}{names[0] + '/this':>14}"
     )
     print(head)
@@ -166,7 +182,7 @@ def workload(args: argparse.Namespace) -> None:
         wall = statistics.median(y["wall_s"] for y in runs)
         acts = max(x["acts"], 1)
         print(
-            f"{name:<9}{x['acts']:>6.0f}{x['evaluated']:>10.0f}{x['cached']:>8.0f}"
+            f"{name:<12}{x['acts']:>6.0f}{x['evaluated']:>10.0f}{x['cached']:>8.0f}"
             f"{x['act_s']:>8.2f}{x['prompt_s'] / acts:>9.2f}{x['decode_s'] / acts:>9.2f}"
             f"{x['reflect_share']:>10.0%}{x['slots']:>6.0f}{wall:>8.0f}{first / wall:>14.2f}"
         )
@@ -227,8 +243,8 @@ def main() -> None:
     parser.add_argument(
         "--settings",
         nargs="+",
-        default=["old", "base", "new-128", "new-256"],
-        help="old, base, new-N",
+        default=["base", "new-128-p1", "new-128", "new-64"],
+        help="old, base, new-N, new-N-pK",
     )
     parser.add_argument("--kernel-repeats", type=int, default=3)
     parser.add_argument("--skip-kernel", action="store_true")

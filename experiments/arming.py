@@ -49,6 +49,9 @@ def backend_options(cfg: RunConfig, role: str = "actor") -> dict[str, Any]:
     if cfg.models.chat_format:
         options["chat_format"] = cfg.models.chat_format
     options.update(role_options_of(cfg.models.role_options, role))
+    if cfg.protocol.protocol == CODE_PROTOCOL and role == "actor":
+        # the code's get_chat sends the actor's whole prompt as one user message, nothing added
+        options.setdefault("chat_instruction", "")
     return options
 
 

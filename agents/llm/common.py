@@ -5,7 +5,9 @@ Completion-style prompts sent to chat models (``chat_format``):
 - ``"raw"``: no wrapping; only for backends that can send text as is (llama.cpp, transformers,
   an OpenAI-compatible completions endpoint). The default for local models.
 - ``"user"``: the whole prompt becomes one user message, preceded by :data:`CONTINUE_INSTRUCTION`
-  and a blank line. The default for chat APIs (OpenAI chat, Anthropic): it works everywhere.
+  (the ``chat_instruction`` option) and a blank line. The default for chat APIs (OpenAI chat,
+  Anthropic): it works everywhere. An empty ``chat_instruction`` sends the prompt alone, as the
+  paper's code does (``--protocol reflexion-code`` sets it for the actor).
 - ``"prefill"``: the instruction is the user message and the prompt is an unfinished assistant
   message the model continues (Anthropic models that allow prefill; vLLM's chat endpoint with
   ``continue_final_message``). Closest to a completion model, but not every model accepts it.
@@ -103,9 +105,12 @@ def finish_texts(
 def prompt_as_messages(
     prompt: str, chat_format: str, instruction: str = CONTINUE_INSTRUCTION
 ) -> list[dict[str, str]]:
-    """Wrap a completion-style prompt as chat messages (see the module docstring)."""
+    """Wrap a completion-style prompt as chat messages (see the module docstring); under
+    ``"user"`` an empty ``instruction`` sends the prompt alone (as the paper's code does)."""
     if chat_format == "user":
-        return [{"role": "user", "content": f"{instruction}\n\n{prompt}"}]
+        return [
+            {"role": "user", "content": f"{instruction}\n\n{prompt}" if instruction else prompt}
+        ]
     if chat_format == "prefill":
         return [
             {"role": "user", "content": instruction},

@@ -32,6 +32,7 @@ from agents.llm.common import (
     messages_as_dicts,
     opt_bool,
     opt_int,
+    prompt_as_messages,
     require,
     sampling_dict,
     truncate_at_stop,
@@ -180,7 +181,7 @@ class HFBackend:
         if request.messages is not None:
             messages, tail = messages_as_dicts(request.messages), ""
         elif self.chat_format == "user":
-            messages = [{"role": "user", "content": f"{self.chat_instruction}\n\n{request.prompt}"}]
+            messages = prompt_as_messages(request.prompt or "", "user", self.chat_instruction)
             tail = ""
         else:
             messages, tail = (

@@ -17,7 +17,11 @@ episode's previous step), so an episode's steps keep landing on its own warm con
 without one takes a fresh context while there are fewer than ``slots``, never another
 episode's (which would then evaluate its whole prompt again on its next step: with requests
 served one at a time, taking any context that shared the instruction made episodes evict each
-other at every step; see :func:`route`). Requests of a batch run one after another (CPU-bound).
+other at every step; see :func:`route`). The slots a batch's requests land on run at once, up to
+``parallel`` of them (default: one per core, at most ``slots``), each in its own thread with its
+share of the cores (llama.cpp releases the GIL): a second core speeds up one sequence's decoding
+by only ~1.5x (measured on 2 cores, ``benchmarks/bench_first_command.py``: ~15 tokens/s on one
+thread, ~21–26 on two), while two episodes decoding side by side, a core each, get ~2x. ``parallel=1`` serves one request at a time with llama-cpp-python's threads.
 
 Sampling follows :class:`GenerationConfig` exactly: temperature (0 = greedy), top_p, seed, with
 llama.cpp's extra samplers neutral by default (``top_k=0``, ``min_p=0.0``,
@@ -55,6 +59,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,6 +78,7 @@ from agents.llm.common import (
     messages_as_dicts,
     opt_float,
     opt_int,
+    prompt_as_messages,
     require,
     sampling_dict,
     truncate_at_stop,
@@ -162,6 +168,18 @@ class _Slot:
     served: int = 0
     # the whole n_batch blocks of its last prompt: the part of its KV cache that may be reused
     tokens: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Job:
+    """One request ready for its slot: the rendered text, its tokens, stops and grammar."""
+
+    slot: _Slot
+    request: Request
+    text: str
+    tokens: list[int]
+    stops: list[str]
+    grammar: Any
 
 
 def own_slot(shared: int, held: int) -> bool:
@@ -255,6 +273,7 @@ class LlamaCppBackend:
         n_threads: int | str | None = None,
         n_threads_batch: int | str | None = None,
         n_batch: int | str = 128,
+        parallel: int | str | None = None,
         n_gpu_layers: int | str = 0,
         chat_format: str = "raw",
         chat_instruction: str = CONTINUE_INSTRUCTION,
@@ -277,6 +296,18 @@ class LlamaCppBackend:
             None if n_threads_batch is None else opt_int(who, "n_threads_batch", n_threads_batch, 1)
         )
         self.n_batch = opt_int(who, "n_batch", n_batch, 1)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        self.parallel = min(
+            self.max_slots,
+            opt_int(who, "parallel", parallel, 1) if parallel is not None else max(1, cores or 1),
+        )
+        if self.parallel > 1:
+            # the cores shared out between the slots that run at once (llama-cpp-python's
+            # defaults would give each of them half the cores to decode and all to read prompts)
+            share = max(1, (cores or 1) // self.parallel)
+            self.n_threads = share if self.n_threads is None else self.n_threads
+            self.n_threads_batch = share if self.n_threads_batch is None else self.n_threads_batch
+        self._pool = ThreadPoolExecutor(self.parallel, thread_name_prefix="llamacpp")
         self.n_gpu_layers = opt_int(who, "n_gpu_layers", n_gpu_layers, -1)
         self.chat_format = check_chat_format(chat_format, allow_raw=True, backend=who)
         self.chat_instruction = chat_instruction
@@ -320,7 +351,9 @@ class LlamaCppBackend:
             "n_ctx": self.n_ctx,
             "n_batch": self.n_batch,  # a completion depends on it (see "Replay")
             "n_threads": self.n_threads,
+            "n_threads_batch": self.n_threads_batch,
             "slots": self.max_slots,
+            "parallel": self.parallel,
             "n_gpu_layers": self.n_gpu_layers,
             "chat_format": self.chat_format,
             "chat_template": "gguf" if self._template else "plain",
@@ -359,7 +392,7 @@ class LlamaCppBackend:
             tail = ""
         elif self.chat_format == "user":
             assert request.prompt is not None
-            messages = [{"role": "user", "content": f"{self.chat_instruction}\n\n{request.prompt}"}]
+            messages = prompt_as_messages(request.prompt, "user", self.chat_instruction)
             tail = ""
         else:
             assert request.prompt is not None
@@ -391,18 +424,51 @@ class LlamaCppBackend:
 
     # -- generation ----------------------------------------------------------------------------
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        """Each request on the slot :func:`route` picks; the slots of a batch run at once, up to
+        ``parallel`` of them (one thread each: llama.cpp releases the GIL), a slot's own requests
+        one after another. A completion depends on its request alone (see "Replay")."""
         with self._lock:
             rendered = [self.render(r) for r in requests]
             tokens = [self.tokenize(text, bos) for text, bos, _ in rendered]
             picks = self._route(tokens)
-            results: list[Completion] = []
-            for request, (text, _, extra_stops), toks, pick in zip(
-                requests, rendered, tokens, picks, strict=True
+            while max(picks) >= len(self._slots):
+                self._slots.append(self._new_slot())
+            jobs: dict[int, list[tuple[int, _Job]]] = {}
+            for i, (request, (text, _, extra_stops), toks, pick) in enumerate(
+                zip(requests, rendered, tokens, picks, strict=True)
             ):
-                while pick >= len(self._slots):
-                    self._slots.append(self._new_slot())
-                results.append(self._run(self._slots[pick], request, text, toks, extra_stops))
-            return results
+                self._clock += 1
+                slot = self._slots[pick]
+                slot.last_used = self._clock
+                slot.served += 1
+                stops = list(request.config.stop)
+                stops += [s for s in extra_stops if s not in stops]
+                grammar = None
+                if request.constraint is not None:
+                    grammar = self.grammar(request.constraint, newline="\n" in stops)
+                jobs.setdefault(pick, []).append(
+                    (i, _Job(slot, request, text, toks, stops, grammar))
+                )
+            results: list[Completion | BaseException | None] = [None] * len(requests)
+            for done in self._pool.map(self._run_slot, jobs.values()):
+                for i, completion in done:
+                    results[i] = completion
+            for r in results:
+                if isinstance(r, BaseException):
+                    raise r
+            return [r for r in results if isinstance(r, Completion)]
+
+    def _run_slot(
+        self, jobs: list[tuple[int, _Job]]
+    ) -> list[tuple[int, Completion | BaseException]]:
+        """One slot's requests, in order (a thread of the pool); an error is its request's."""
+        out: list[tuple[int, Completion | BaseException]] = []
+        for i, job in jobs:
+            try:
+                out.append((i, self._run(job)))
+            except Exception as exc:  # raised by generate once every slot is done
+                out.append((i, exc))
+        return out
 
     @property
     def block(self) -> int:
@@ -417,9 +483,8 @@ class LlamaCppBackend:
         used = [s.last_used for s in self._slots]
         return route(prompts, slots, used, self.max_slots, self.block, owns)
 
-    def _run(
-        self, slot: _Slot, request: Request, text: str, tokens: list[int], extra_stops: list[str]
-    ) -> Completion:
+    def _run(self, job: _Job) -> Completion:
+        slot, request, text, tokens, stops = job.slot, job.request, job.text, job.tokens, job.stops
         c = request.config
         if len(tokens) + 1 >= self.n_ctx:
             raise ContextLimitError(
@@ -428,19 +493,12 @@ class LlamaCppBackend:
                 prompt_tokens=len(tokens),
                 limit=self.n_ctx,
             )
-        self._clock += 1
-        slot.last_used = self._clock
-        slot.served += 1
         reused = reusable(common_prefix(slot.tokens, tokens), len(tokens), self.block)
         slot.tokens = []  # until this completion is done, nothing in the cache is trusted
-        stops = list(c.stop) + [s for s in extra_stops if s not in c.stop]
         start = time.perf_counter()
         texts: list[tuple[str, str]] = []
         completion_tokens = 0
         base_seed = self.seed if c.seed is None else c.seed
-        grammar = None
-        if request.constraint is not None:
-            grammar = self.grammar(request.constraint, newline="\n" in stops)
         for k in range(c.n):
             # cut the cache back to whole blocks; llama-cpp-python evaluates the rest in n_batch
             # batches from there, as a cold evaluation would
@@ -455,7 +513,7 @@ class LlamaCppBackend:
                 repeat_penalty=self.repeat_penalty,
                 stop=stops,
                 seed=base_seed + k,
-                grammar=grammar,
+                grammar=job.grammar,
             )
             choice = out["choices"][0]
             t, hit = truncate_at_stop(choice["text"], stops)
@@ -477,6 +535,7 @@ class LlamaCppBackend:
 
     def close(self) -> None:
         with self._lock:
+            self._pool.shutdown(wait=True)
             for slot in self._slots:
                 slot.llm.close()
             self._slots.clear()

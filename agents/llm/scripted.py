@@ -81,6 +81,7 @@ from agents.llm.base import (
 )
 from agents.llm.common import (
     CHAT_FORMATS,
+    CONTINUE_INSTRUCTION,
     request_messages,
     rough_token_count,
     sampling_dict,
@@ -319,11 +320,13 @@ class ScriptedBackend:
         arm: str | None = None,
         ground_truth: GroundTruth = NO_GROUND_TRUTH,
         chat_format: str = "raw",
+        chat_instruction: str = CONTINUE_INSTRUCTION,
     ) -> None:
         kind, _, arg = policy.partition(":")
         if chat_format not in CHAT_FORMATS:
             raise SpecError(f"chat_format={chat_format!r}: use one of {', '.join(CHAT_FORMATS)}")
         self.chat_format = chat_format
+        self.chat_instruction = chat_instruction
         if kind not in POLICIES:
             raise SpecError(
                 f"unknown scripted policy {kind!r}; choose one of {', '.join(POLICIES[:-1])},"
@@ -384,7 +387,7 @@ class ScriptedBackend:
         if request.prompt is not None and self.chat_format == "raw":
             sent["prompt"] = request.prompt
         else:
-            sent["messages"] = request_messages(request, self.chat_format)
+            sent["messages"] = request_messages(request, self.chat_format, self.chat_instruction)
         return sent
 
     def _walkthrough(self, site: CallSite) -> list[str] | None:

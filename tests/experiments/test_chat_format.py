@@ -127,3 +127,33 @@ def test_a_chat_format_that_contradicts_the_endpoint_is_refused(
         backend = make_backend("openai:m", chat_format=chat_format)
         assert (backend.api, backend.chat_format) == (api, chat_format or "user")
         backend.close()
+
+
+def test_the_papers_protocol_sends_a_chat_model_the_prompt_alone_as_the_code_does(
+    generated_games: Path, tmp_path: Path
+) -> None:
+    # the code's get_chat: the actor's whole prompt as one user message, nothing added; its
+    # sampling: the try's temperature, the token limit, the newline stop
+    from tests.agents.test_reflexion_code import files
+
+    flags = [a for k, v in files().items() for a in (f"--{k.replace('_', '-')}", v)]
+    with FaultServer() as server:
+        code = main([
+            "run", "--model", "openai:fault-model", "--base-url", server.url,
+            "--chat-format", "user", "--protocol", "reflexion-code", "--evaluator", "code",
+            *flags, "--data", str(generated_games), "--split", SPLIT, "--games", "1",
+            "--trials", "1", "--max-steps", "2", "--max-tokens", "256", "--workers", "1",
+            "--concurrency", "1", "--run-dir", str(tmp_path / "run"), *FAST,
+        ])  # fmt: skip
+        bodies = server.bodies
+    assert code == 0
+    prompts, actor = _prompts(tmp_path / "run")
+    instruction = Path(files()["instruction_file"]).read_text()
+    chats = [p.chat for p in prompts]
+    assert chats and all(len(c) == 1 and c[0]["role"] == "user" for c in chats)
+    assert all(c[0]["content"].startswith(instruction) for c in chats)  # the prompt alone
+    assert all(c[0]["content"].endswith(">") for c in chats)
+    acts = [b for b in bodies if b["messages"][0]["content"].startswith(instruction)]
+    assert all(b["messages"] in chats for b in acts)  # every try, as recorded
+    assert all(b["stop"] == ["\n"] and b["max_tokens"] == 256 for b in acts)
+    assert actor["chat_instruction"] == ""

@@ -15,7 +15,7 @@ import pytest
 
 from agents import arms
 from agents.llm.base import Completion, Request
-from agents.llm.common import prompt_as_messages
+from agents.llm.common import CONTINUE_INSTRUCTION, prompt_as_messages
 from agents.memory_policy import NO_MEMORY
 from experiments import runner
 from experiments.replay import replay
@@ -67,14 +67,22 @@ class Recorder:
         self.inner.close()
 
 
-def _as_received(request: Request, answer: Completion, chat: str | None) -> SentRequest:
+def _as_received(
+    request: Request, answer: Completion, chat: str | None, protocol: str
+) -> SentRequest:
     """What the policy was sent, from the request it received: the prompt, or the messages a
-    chat model gets for it (and the policy said it sent exactly that)."""
+    chat model gets for it (and the policy said it sent exactly that). Under the paper's
+    protocol a chat model gets the prompt alone as one user message, as the code's get_chat
+    sends it."""
     assert request.prompt is not None
     if chat is None:
         assert answer.sent["prompt"] == request.prompt
         return SentRequest(prompt=request.prompt)
-    messages = prompt_as_messages(request.prompt, chat)
+    if protocol == CODE:
+        messages = [{"role": "user", "content": request.prompt}]
+    else:
+        messages = prompt_as_messages(request.prompt, chat)
+        assert messages[0]["content"].startswith(CONTINUE_INSTRUCTION)
     assert answer.sent["messages"] == messages
     return SentRequest(messages=tuple((m["role"], m["content"]) for m in messages))
 
@@ -132,7 +140,7 @@ def test_every_request_is_recorded_as_sent_and_read_back_as_recorded(
         assert [(c.sent.prompt, c.sent.messages, c.answer) for c in calls] == [  # type: ignore[union-attr]
             (sent.prompt, sent.messages, answer.text)
             for sent, answer in (
-                (_as_received(asked, answer, chat), answer) for asked, answer in seen
+                (_as_received(asked, answer, chat, protocol), answer) for asked, answer in seen
             )
         ]
         assert all(c.sent.params["sampling"] for c in calls)  # type: ignore[union-attr]
@@ -140,7 +148,9 @@ def test_every_request_is_recorded_as_sent_and_read_back_as_recorded(
         for asked, answer in seen:
             key = (asked.site.episode, asked.site.step)
             for text in (answer.text, *answer.alternatives):
-                by_site.setdefault(key, []).append((_as_received(asked, answer, chat), text))
+                by_site.setdefault(key, []).append(
+                    (_as_received(asked, answer, chat, protocol), text)
+                )
         checked = 0
         for row in reader.episodes():
             steps = reader.steps(row.episode_id)

@@ -174,6 +174,26 @@ def test_a_sample_does_not_depend_on_what_its_slot_served_before() -> None:
 
 
 @pytest.mark.slow
+def test_slots_run_at_once_and_give_what_one_at_a_time_gives() -> None:
+    # A batch of two episodes' steps on two slots at once (each slot in its own thread) gives
+    # the completions the same backend gives serving them one at a time, sampled or greedy.
+    cfg = GenerationConfig(temperature=0.8, top_p=1.0, max_tokens=16, stop=("\n",), seed=5)
+    prompts = [episode_prompt(t, 3) for t in ("find a key", "heat an apple")]
+    batch = [Request(config=c, prompt=p) for p in prompts for c in (GREEDY, cfg)]
+    answers = []
+    for parallel in (2, 1):
+        backend = make_backend(
+            "embedded", n_ctx=2048, slots=4, parallel=parallel, n_threads=1, n_threads_batch=1
+        )
+        try:
+            answers.append([(c.text, c.cached_tokens) for c in backend.generate(batch)])
+            assert backend.slots_in_use == 4 and backend.describe()["parallel"] == parallel
+        finally:
+            backend.close()
+    assert answers[0] == answers[1], answers
+
+
+@pytest.mark.slow
 def test_smollm2_renders_chat_messages_with_its_template() -> None:
     backend = make_backend("embedded:smollm2-135m", n_ctx=1024)
     msgs = (Message("user", "Name a fruit."),)
