@@ -59,6 +59,7 @@ class Arm:
     name: str
     build: Callable[[ArmContext], Agent]
     memory: MemoryPolicy
+    summary: str = ""  # what ``--agent``'s help says of it: a few words
     code_protocol: bool = False  # the reflexion-code protocol plays it (the paper code's arms)
     section: str | None = None
     settings: type | None = None

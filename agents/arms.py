@@ -53,6 +53,12 @@ def names() -> tuple[str, ...]:
     return tuple(_ARMS)
 
 
+def described() -> str:
+    """``--agent``'s help: every arm and what it is, from the registry."""
+    parts = [f"{a.name} ({a.summary})" if a.summary else a.name for a in _ARMS.values()]
+    return "arm: " + ", ".join(parts)
+
+
 def find(name: str) -> Arm | None:
     return _ARMS.get(name)
 

@@ -31,4 +31,13 @@ class RulesAndRetrieval(ReflexionWindow):
 
 EXPEL = RulesAndRetrieval()
 
-ARMS = (Arm("expel", build_react, EXPEL, section="experience", settings=ExperienceConfig),)
+ARMS = (
+    Arm(
+        "expel",
+        build_react,
+        EXPEL,
+        "rules and retrieved trajectories",
+        section="experience",
+        settings=ExperienceConfig,
+    ),
+)

@@ -216,4 +216,13 @@ def with_rules(shown: Recall, past: PastTrials) -> Recall:
 INSIGHTS = Insights()
 
 
-ARMS = (Arm("insights", build_react, INSIGHTS, section="experience", settings=ExperienceConfig),)
+ARMS = (
+    Arm(
+        "insights",
+        build_react,
+        INSIGHTS,
+        "rules from another run (--experience-from)",
+        section="experience",
+        settings=ExperienceConfig,
+    ),
+)

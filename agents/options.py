@@ -21,7 +21,7 @@ from agents.llm.specs import parse_spec
 
 def option(
     default: Any,
-    help: str,
+    help: str | Callable[[], str],
     *,
     choices: tuple[str, ...] | Callable[[], tuple[str, ...]] | None = None,
     minimum: float | None = None,
@@ -37,13 +37,20 @@ def option(
     must be > 0); ``check`` parses the value the way the run will (a model spec, a deadline) and
     raises ``ValueError`` naming the fix. A float is never NaN or infinite (None means "no
     limit"). ``resumable``: the key may change on ``--resume``; ``flag``: the flag when it is not
-    ``--`` plus the name."""
+    ``--`` plus the name. A callable ``help`` is read when the help is shown (``--agent``'s
+    lists the arms registered by then)."""
     meta: dict[str, Any] = {"help": help, "choices": choices, "resumable": resumable}
     meta.update(flag=flag, minimum=minimum, maximum=maximum, above=above, check=check)
     if isinstance(default, dict | list | tuple):
         frozen = default
         return field(default_factory=lambda: type(frozen)(frozen), metadata=meta)
     return field(default=default, metadata=meta)
+
+
+def help_text(meta: Any) -> str:
+    """An option's help text (see :func:`option`)."""
+    text = meta["help"]
+    return str(text() if callable(text) else text)
 
 
 def model_spec(value: str) -> None:

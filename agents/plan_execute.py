@@ -201,6 +201,13 @@ def _build(ctx: ArmContext) -> PlanExecuteAgent:
 
 
 ARMS = (
-    Arm("plan", _build, NO_MEMORY, section="planning", settings=PlanningConfig),
-    Arm("plan+reflexion", _build, REFLEXION, section="planning", settings=PlanningConfig),
+    Arm("plan", _build, NO_MEMORY, "Plan-and-Execute", section="planning", settings=PlanningConfig),
+    Arm(
+        "plan+reflexion",
+        _build,
+        REFLEXION,
+        "Plan-and-Execute with reflections",
+        section="planning",
+        settings=PlanningConfig,
+    ),
 )

@@ -249,8 +249,14 @@ def build_react(ctx: ArmContext) -> ReActAgent:
 
 # ReAct, alone or with memory between trials (the reflexion-code protocol plays the first two)
 ARMS = (
-    Arm("react", build_react, NO_MEMORY, code_protocol=True),
-    Arm("reflexion", build_react, REFLEXION, code_protocol=True),
-    Arm("reflexion+explore", build_react, EXPLORATION),
-    Arm("epm", build_react, EPISODIC),
+    Arm(
+        "react",
+        build_react,
+        NO_MEMORY,
+        "the resampling baseline: each trial afresh",
+        code_protocol=True,
+    ),
+    Arm("reflexion", build_react, REFLEXION, "self-reflections kept per task", code_protocol=True),
+    Arm("reflexion+explore", build_react, EXPLORATION, "reflections and what earlier trials found"),
+    Arm("epm", build_react, EPISODIC, "the last failed trajectories instead of reflections"),
 )

@@ -178,4 +178,13 @@ def with_retrieved(shown: Recall, past: PastTrials) -> Recall:
 
 RETRIEVE = Retrieve()
 
-ARMS = (Arm("retrieve", build_react, RETRIEVE, section="experience", settings=ExperienceConfig),)
+ARMS = (
+    Arm(
+        "retrieve",
+        build_react,
+        RETRIEVE,
+        "similar won trajectories as examples",
+        section="experience",
+        settings=ExperienceConfig,
+    ),
+)

@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 
 from agents import arms
 from agents.llm.redaction import REDACTED, redact
-from agents.options import declare, leaf_names, model_spec, option
+from agents.options import declare, help_text, leaf_names, model_spec, option
 from agents.reflexion_code import CODE_PROTOCOL
 from experiments.errors import ConfigError
 
@@ -165,10 +165,8 @@ class ProtocolConfig:
 
     agent: str = option(
         "reflexion",
-        "arm: react (resampling baseline), reflexion, reflexion+explore, epm (the last failed "
-        "trajectories in memory instead of reflections), plan, plan+reflexion "
-        "(Plan-and-Execute), lats, lats+reflexion (tree search)",
-        choices=arms.names,  # read when checked: an arm registered later is one
+        arms.described,  # read when shown, as the choices: an arm registered later is listed
+        choices=arms.names,
     )
     trials: int = option(3, "number of trials", minimum=1, resumable=True)
     memory_size: int = option(3, "reflections shown to the actor (Omega)", minimum=0)
@@ -750,7 +748,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
             flag = meta["flag"] or "--" + f.name.replace("_", "-")
             kind = _base_type(hints[f.name])
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc,operator]
-            text = f"{meta['help']} (default: {default!r})"
+            text = f"{help_text(meta)} (default: {default!r})"
             kw: dict[str, Any] = {"dest": f.name, "help": text, "default": None}
             if kind is bool:
                 kw["action"] = argparse.BooleanOptionalAction

@@ -96,7 +96,9 @@ class ToyNotes:
 
 
 def toy_arm() -> Arm:
-    return Arm("toy", ToyAgent, ToyNotes(), section="toy", settings=ToyConfig)
+    return Arm(
+        "toy", ToyAgent, ToyNotes(), "a bare loop with notes", section="toy", settings=ToyConfig
+    )
 
 
 @contextmanager
@@ -165,13 +167,17 @@ def test_the_toy_section_is_in_help_and_config_only_while_registered(
 
     with registered(toy_arm()):
         text = run_help()
+        # --agent's help lists every registered arm with its summary, the toy's last
+        assert "expel (rules and retrieved trajectories), toy (a bare loop with notes)" in text
+        assert all(f"{n} (" in text for n in arms.names())
         assert "toy (toy: in YAML): The toy arm: a bare actor loop with notes." in text
         assert f"--toy-steps TOY_STEPS {TOY_HELP} (default: 12)" in text
         assert RunConfig().section("toy") == ToyConfig()
         assert from_mapping({"toy_steps": 3}) == from_mapping({"toy": {"toy-steps": 3}})
         with pytest.raises(ConfigError, match="toy-steps must be >= 1"):
             from_mapping({"toy_steps": 0})
-    assert "--toy-steps" not in run_help()
+    text = run_help()
+    assert "--toy-steps" not in text and "a bare loop with notes" not in text
     with pytest.raises(ConfigError, match="unknown key 'toy_steps'"):
         from_mapping({"toy_steps": 3})
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from agents.options import help_text
 from experiments.config import (
     RunConfig,
     from_mapping,
@@ -69,7 +70,7 @@ def test_help_documents_every_key():
     for name, (_, f) in leaves().items():
         flag = f.metadata["flag"] or "--" + name.replace("_", "-")
         assert flag in text, name
-        assert " ".join(f.metadata["help"].split())[:40] in text, name
+        assert " ".join(help_text(f.metadata).split())[:40] in text, name
     for section, kind in section_types().items():
         assert (kind.__doc__ or "").strip() in text, section
 
@@ -79,7 +80,7 @@ def test_resumable_keys_come_from_the_tree():
     assert "max_steps" not in resumable_keys() and "model" not in resumable_keys()
     for section in section_types().values():
         for f in dataclasses.fields(section):
-            assert f.metadata["help"], f.name
+            assert help_text(f.metadata), f.name
 
 
 def _longest(run_dir: Path) -> int:
