@@ -35,7 +35,7 @@ EPISODE = 250  # steps before a walk resets (a win resets sooner)
 # The long walk: its real games and its steps in all. A walk's fixed cost, its loads and the
 # reference's translation at every reset, outweighs its steps: CI walks fewer games, each still
 # long enough to reset its game at least twice (a reset from the cache, then compared).
-LONG_WALK_REAL_GAMES, LONG_WALK = (16, 10_000) if FULL_CHECKS else (8, 6_000)
+LONG_WALK_REAL_GAMES, LONG_WALK = (16, 10_000) if FULL_CHECKS else (6, 4_000)
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,10 @@ class GroundedStep:
         return body in self.admissible or (body.startswith("think: ") and len(body) > 7)
 
 
-def assert_grounded(steps: Sequence[GroundedStep], episodes: int = 3, each: int = 2) -> None:
+GAMES = 2  # the first two generated games: two task types, two grammars each step
+
+
+def assert_grounded(steps: Sequence[GroundedStep], episodes: int = GAMES, each: int = 2) -> None:
     """Every answer of every episode (at least ``each`` per episode) was an admissible command
     or a thought (100%)."""
     assert len({s.game for s in steps}) == episodes and len(steps) >= each * episodes
@@ -58,7 +61,7 @@ def assert_grounded(steps: Sequence[GroundedStep], episodes: int = 3, each: int 
 def play(
     generate: Callable[[list[Request]], Sequence[Completion]],
     data_dir: Path,
-    games: int = 3,
+    games: int = GAMES,
     steps: int = 3,
     split: str = "eval_out_of_distribution",
 ) -> list[GroundedStep]:
