@@ -115,6 +115,7 @@ print(json.dumps({"spliced": inc.spliced, "whole": inc.whole, "mismatched": inc.
 """
 
 
+@pytest.mark.slow  # with the vLLM venv's tokenizers, which CI makes for the slow set
 @pytest.mark.skipif(not HF_PYTHON, reason="set REFLEXSIM_VLLM_PYTHON to a python with tokenizers")
 def test_gemma_tokenizer_spliced_ids_equal_whole_on_react_prompts() -> None:
     assert HF_PYTHON is not None
