@@ -172,7 +172,7 @@ def workload(args: argparse.Namespace) -> None:
     )
     head = (
         f"{'setting':<12}{'calls':>6}{'evaluated':>10}{'cached':>8}{'s/call':>8}{'prompt s':>9}"
-        f"{'decode s':>9}{'refl/judge':>11}{'slots':>6}{'wall s':>8}{names[0] + '/this':>14}"
+        f"{'decode s':>9}{'refl/judge':>11}{'slots':>6}{'wall s':>8}  {names[0] + '/this':>14}"
     )
     print(head)
     first = statistics.median(x["wall_s"] for x in results[names[0]])
@@ -184,7 +184,7 @@ def workload(args: argparse.Namespace) -> None:
         print(
             f"{name:<12}{x['acts']:>6.0f}{x['evaluated']:>10.0f}{x['cached']:>8.0f}"
             f"{x['act_s']:>8.2f}{x['prompt_s'] / acts:>9.2f}{x['decode_s'] / acts:>9.2f}"
-            f"{x['reflect_share']:>10.0%}{x['slots']:>6.0f}{wall:>8.0f}{first / wall:>14.2f}"
+            f"{x['reflect_share']:>10.0%}{x['slots']:>6.0f}{wall:>8.0f}  {first / wall:>14.2f}"
         )
     print(
         "(prompt s, decode s: llama.cpp's counters over all calls, per actor call; refl/judge: "

@@ -17,11 +17,15 @@ episode's previous step), so an episode's steps keep landing on its own warm con
 without one takes a fresh context while there are fewer than ``slots``, never another
 episode's (which would then evaluate its whole prompt again on its next step: with requests
 served one at a time, taking any context that shared the instruction made episodes evict each
-other at every step; see :func:`route`). The slots a batch's requests land on run at once, up to
-``parallel`` of them (default: one per core, at most ``slots``), each in its own thread with its
-share of the cores (llama.cpp releases the GIL): a second core speeds up one sequence's decoding
-by only ~1.5x (measured on 2 cores, ``benchmarks/bench_first_command.py``: ~15 tokens/s on one
-thread, ~21–26 on two), while two episodes decoding side by side, a core each, get ~2x. ``parallel=1`` serves one request at a time with llama-cpp-python's threads.
+other at every step; see :func:`route`). Slots compute at once, up to ``parallel`` of them
+(default: one per core, at most ``slots``), each in its own thread with its share of the cores
+(llama.cpp releases the GIL), and the engine then sends each request on its own as it comes
+(``scheduling = "per_request"``: a batch would wait for its slowest request while a core
+idles). A second core speeds up one sequence's decoding only ~1.5x (2 cores: ~15 tokens/s on
+one thread, ~21-26 on two), so two episodes side by side, a core each, do more: on README line
+1's workload, 1.55x the steps per second of one at a time (``benchmarks/bench_first_command.py``,
+``new-128`` against ``new-128-p1``). ``parallel=1`` serves one request at a time with
+llama-cpp-python's threads.
 
 Sampling follows :class:`GenerationConfig` exactly: temperature (0 = greedy), top_p, seed, with
 llama.cpp's extra samplers neutral by default (``top_k=0``, ``min_p=0.0``,
@@ -168,6 +172,8 @@ class _Slot:
     served: int = 0
     # the whole n_batch blocks of its last prompt: the part of its KV cache that may be reused
     tokens: list[int] = field(default_factory=list)
+    busy: int = 0  # requests routed to it and not yet answered
+    lock: threading.Lock = field(default_factory=threading.Lock)  # held while it computes
 
 
 @dataclass(frozen=True)
@@ -196,6 +202,7 @@ def route(
     capacity: int,
     block: int = 1,
     owns: Callable[[int, int], bool] = own_slot,
+    busy: Sequence[bool] = (),
 ) -> list[int]:
     """Pick a slot for each prompt: an index into ``slots``, or ``len(slots)`` and up for new
     slots (at most ``capacity`` slots in all). ``slots`` holds what each slot's cache may be
@@ -206,7 +213,7 @@ def route(
     one takes a fresh slot (the empty one made at load, else a new one while there is room)
     rather than another episode's, whose next step would then be evaluated cold; with no room
     left, the unclaimed (or, if none, any) slot it can reuse most of, ties to the least recently
-    used.
+    used. A ``busy`` slot (serving another call's request) counts as claimed.
     """
     shared = [[common_prefix(p, t) for t in slots] for p in prompts]
     own = sorted(
@@ -216,7 +223,7 @@ def route(
         if owns(shared[i][s], len(slots[s]))
     )
     chosen: dict[int, int] = {}
-    claimed: set[int] = set()
+    claimed: set[int] = {s for s, b in enumerate(busy) if b}
     for _, _, s, i in own:
         if i not in chosen and s not in claimed:
             chosen[i] = s
@@ -308,6 +315,10 @@ class LlamaCppBackend:
             self.n_threads = share if self.n_threads is None else self.n_threads
             self.n_threads_batch = share if self.n_threads_batch is None else self.n_threads_batch
         self._pool = ThreadPoolExecutor(self.parallel, thread_name_prefix="llamacpp")
+        self._turns = threading.Semaphore(self.parallel)  # slots computing at once
+        # the engine sends each request on its own, from several threads, when slots can run
+        # at once (a batch would wait for its slowest request while a core idles)
+        self.scheduling = "per_request" if self.parallel > 1 else "batch"
         self.n_gpu_layers = opt_int(who, "n_gpu_layers", n_gpu_layers, -1)
         self.chat_format = check_chat_format(chat_format, allow_raw=True, backend=who)
         self.chat_instruction = chat_instruction
@@ -424,9 +435,11 @@ class LlamaCppBackend:
 
     # -- generation ----------------------------------------------------------------------------
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
-        """Each request on the slot :func:`route` picks; the slots of a batch run at once, up to
-        ``parallel`` of them (one thread each: llama.cpp releases the GIL), a slot's own requests
-        one after another. A completion depends on its request alone (see "Replay")."""
+        """Each request on the slot :func:`route` picks. Calls may come from several threads
+        at once (``scheduling = "per_request"`` when ``parallel > 1``): routing is one at a
+        time, then up to ``parallel`` slots compute at once, each in its caller's thread or the
+        pool's (llama.cpp releases the GIL), a slot's requests one after another. A completion
+        depends on its request alone (see "Replay")."""
         with self._lock:
             rendered = [self.render(r) for r in requests]
             tokens = [self.tokenize(text, bos) for text, bos, _ in rendered]
@@ -441,6 +454,7 @@ class LlamaCppBackend:
                 slot = self._slots[pick]
                 slot.last_used = self._clock
                 slot.served += 1
+                slot.busy += 1
                 stops = list(request.config.stop)
                 stops += [s for s in extra_stops if s not in stops]
                 grammar = None
@@ -449,25 +463,38 @@ class LlamaCppBackend:
                 jobs.setdefault(pick, []).append(
                     (i, _Job(slot, request, text, toks, stops, grammar))
                 )
-            results: list[Completion | BaseException | None] = [None] * len(requests)
-            for done in self._pool.map(self._run_slot, jobs.values()):
-                for i, completion in done:
-                    results[i] = completion
-            for r in results:
-                if isinstance(r, BaseException):
-                    raise r
-            return [r for r in results if isinstance(r, Completion)]
+        groups = list(jobs.values())
+        try:
+            if len(groups) == 1:
+                done = [self._run_slot(groups[0])]
+            else:
+                done = list(self._pool.map(self._run_slot, groups))
+        finally:
+            with self._lock:
+                for group in groups:
+                    for _, job in group:
+                        job.slot.busy -= 1
+        results: list[Completion | BaseException | None] = [None] * len(requests)
+        for answered in done:
+            for i, completion in answered:
+                results[i] = completion
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        return [r for r in results if isinstance(r, Completion)]
 
     def _run_slot(
         self, jobs: list[tuple[int, _Job]]
     ) -> list[tuple[int, Completion | BaseException]]:
-        """One slot's requests, in order (a thread of the pool); an error is its request's."""
+        """One slot's requests, in order; an error is its request's. The slot's lock first, then
+        a turn among the ``parallel`` (always in this order: no two calls wait on each other)."""
         out: list[tuple[int, Completion | BaseException]] = []
-        for i, job in jobs:
-            try:
-                out.append((i, self._run(job)))
-            except Exception as exc:  # raised by generate once every slot is done
-                out.append((i, exc))
+        with jobs[0][1].slot.lock, self._turns:
+            for i, job in jobs:
+                try:
+                    out.append((i, self._run(job)))
+                except Exception as exc:  # raised by generate once every slot is done
+                    out.append((i, exc))
         return out
 
     @property
@@ -481,7 +508,8 @@ class LlamaCppBackend:
     ) -> list[int]:
         slots = [s.tokens for s in self._slots]
         used = [s.last_used for s in self._slots]
-        return route(prompts, slots, used, self.max_slots, self.block, owns)
+        busy = [s.busy > 0 for s in self._slots]
+        return route(prompts, slots, used, self.max_slots, self.block, owns, busy)
 
     def _run(self, job: _Job) -> Completion:
         slot, request, text, tokens, stops = job.slot, job.request, job.text, job.tokens, job.stops

@@ -10,6 +10,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -188,6 +189,13 @@ def test_slots_run_at_once_and_give_what_one_at_a_time_gives() -> None:
         try:
             answers.append([(c.text, c.cached_tokens) for c in backend.generate(batch)])
             assert backend.slots_in_use == 4 and backend.describe()["parallel"] == parallel
+            if parallel > 1:  # as the engine sends them: each request alone, from its thread
+                assert backend.scheduling == "per_request"
+                with ThreadPoolExecutor(len(batch)) as pool:
+                    alone = [
+                        f.result()[0] for f in [pool.submit(backend.generate, [r]) for r in batch]
+                    ]
+                assert [c.text for c in alone] == [t for t, _ in answers[0]]
         finally:
             backend.close()
     assert answers[0] == answers[1], answers
