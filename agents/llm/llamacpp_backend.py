@@ -10,8 +10,12 @@ each episode's history on every step. The alternative, a ``LlamaRAMCache`` of sa
 worse here: llama-cpp-python's ``save_state`` copies the whole ``n_batch x n_vocab`` logits
 buffer (512 MiB for Gemma 3's 262k vocabulary at ``n_batch=512``) on every completion, which
 measured several seconds per step and 11 GiB of memory for four episodes. So the backend keeps
-up to ``slots`` contexts (weights are memory-mapped once by the OS; each context costs its KV
-cache and compute buffers, about 200 MB at ``n_ctx=8192`` for Gemma 3 270M) and routes each
+up to ``slots`` contexts (default 8: twice the default 4 episodes in flight, so that a new
+episode or a reflection finds a fresh or a finished episode's context rather than a live one's;
+at 4, a fresh clone's first command re-evaluated a live episode's whole prompt 29 times in 449
+steps, 44% of all prompt evaluation; weights are memory-mapped once by the OS; each context
+costs its KV cache and compute buffers, about 200 MB at ``n_ctx=8192`` for Gemma 3 270M, and is
+made only when needed) and routes each
 request to its own context, the one whose reusable blocks are all a prefix of it (the same
 episode's previous step), so an episode's steps keep landing on its own warm context; a request
 without one takes a fresh context while there are fewer than ``slots``, never another
@@ -276,7 +280,7 @@ class LlamaCppBackend:
         model_path: str | Path,
         *,
         n_ctx: int | str = 8192,
-        slots: int | str = 4,
+        slots: int | str = 8,
         n_threads: int | str | None = None,
         n_threads_batch: int | str | None = None,
         n_batch: int | str = 128,
