@@ -478,10 +478,8 @@ class LlamaCppBackend:
                 for group in groups:
                     for _, job in group:
                         job.slot.busy -= 1
-        results: list[Completion | BaseException | None] = [None] * len(requests)
-        for answered in done:
-            for i, completion in answered:
-                results[i] = completion
+        answers = dict(pair for answered in done for pair in answered)
+        results = [answers[i] for i in range(len(requests))]
         for r in results:
             if isinstance(r, BaseException):
                 raise r
