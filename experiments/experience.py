@@ -208,8 +208,11 @@ def with_current_rules(
     recorded) and kept in the source's store. Another process extracting the same source is
     waited for (its rules are then used)."""
     source = experience.provenance.run
-    if _current(source, experience) is not None:
-        return experience  # loaded with those very rules
+    kept = _current(source, experience)
+    if kept is not None:
+        if [r.to_json() for r in experience.rules] == kept.get("rules"):
+            return experience  # loaded with those very rules
+        return load(source, experience.settings)  # made since it was loaded
     log.info("extracting the rules of %s with %s", source, model)
     extract_with(source, backend, model, max_tokens, wait_s=EXTRACT_WAIT_S, keep_current=True)
     return load(source, experience.settings)

@@ -97,6 +97,27 @@ def test_runs_that_start_together_extract_once(
     assert len(got) == 2 and got[0] == got[1] and got[0]
 
 
+def test_a_run_loaded_before_another_extracted_shows_that_extraction(
+    train_games: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The later of two runs that start together: it loaded the source before the other made
+    its rules, and asks for them after: it gets those rules (not its own empty list), and
+    makes none."""
+    source = gather(train_games, tmp_path, trials=2)
+    loaded_early = load(source)
+    assert loaded_early.rules == ()
+    backend = make_backend("scripted:expert")
+    try:
+        first = with_current_rules(load(source), backend, "scripted:expert", 256)
+        with caplog.at_level(logging.INFO, logger="experiments.experience"):
+            late = with_current_rules(loaded_early, backend, "scripted:expert", 256)
+    finally:
+        backend.close()
+    assert first.rules and late.rules == first.rules
+    assert late.provenance.digest == first.provenance.digest
+    assert not [r for r in caplog.records if r.getMessage().startswith("made ")]
+
+
 def test_an_unfinished_gathering_run_is_refused(
     train_games: Path, generated_games: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
