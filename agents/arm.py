@@ -6,8 +6,13 @@ An arm with options of its own declares them as its config section: a frozen dat
 :func:`agents.options.option` leaves, named by the record (``section``, ``settings``). The run
 configuration takes the section from the registry (its flags, YAML keys and ``--help``), and the
 arm's factory gets the section's values as its settings, field for field.
-The runner builds an arm's agent through its record and never names an arm: adding one is a new
-module under ``agents/`` and one line in :mod:`agents.arms` (or :func:`agents.arms.register`).
+An arm that calls models besides the actor declares them as :class:`ModelRole` records (a role's
+name, the request purposes it answers, the key of the arm's section that names its model): the
+run builds a backend for each role whose model is set and sends those purposes to it.
+The runner builds an arm's agent through its record and never names an arm or its roles: adding
+one is a new module under ``agents/`` and one line in :mod:`agents.arms` (or
+:func:`agents.arms.register`). How its prompts are laid out is its actor's layout's
+(:mod:`agents.layout`).
 """
 
 from __future__ import annotations
@@ -50,6 +55,22 @@ class ArmContext:
     ground_truth: GroundTruth = NO_GROUND_TRUTH  # the games' solutions (LATS' oracle value only)
 
 
+# The roles every run has: the actor, the reflector (reflect and judge calls) and the model a
+# failed task may be escalated to. An arm's own roles come beside them.
+RUN_ROLES = ("actor", "reflect", "escalate")
+
+
+@dataclass(frozen=True)
+class ModelRole:
+    """A model an arm calls besides the actor: its name (``--role-option NAME.KEY=VALUE`` sets
+    its backend's options), the purposes of the requests it answers, and the key of the arm's
+    config section that names its model spec (unset: the actor's model answers)."""
+
+    name: str
+    purposes: tuple[str, ...]
+    key: str
+
+
 @dataclass(frozen=True)
 class Arm:
     """One agent design: its name (``--agent``), its factory, its memory between trials, and its
@@ -64,7 +85,15 @@ class Arm:
     section: str | None = None
     settings: type | None = None
     ends: tuple[EndClass, ...] = ACTOR_ENDS  # how its episodes can end unwon (reports count these)
+    roles: tuple[ModelRole, ...] = ()  # the models it calls besides the actor
 
     def __post_init__(self) -> None:
         if (self.section is None) != (self.settings is None):
             raise ValueError(f"arm {self.name!r}: a config section needs its key and its type")
+        fields = set(getattr(self.settings, "__dataclass_fields__", {}))
+        for role in self.roles:
+            if role.key not in fields:
+                raise ValueError(
+                    f"arm {self.name!r}: role {role.name!r} names its model by {role.key!r}, "
+                    "which is not a key of the arm's config section"
+                )

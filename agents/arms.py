@@ -9,7 +9,7 @@ config section (:mod:`agents.options`), so its options are run flags and YAML ke
 from __future__ import annotations
 
 from agents import expel, insights, lats, options, plan_execute, react, retrieval
-from agents.arm import Arm
+from agents.arm import RUN_ROLES, Arm
 from agents.evaluators import ACTOR_ENDS
 from memory.records import EndClass
 
@@ -29,6 +29,9 @@ def register(arm: Arm) -> Arm:
     section); returns it."""
     if arm.name in _ARMS:
         raise ValueError(f"arm {arm.name!r} is already registered")
+    for role in arm.roles:
+        if role.name in RUN_ROLES:
+            raise ValueError(f"arm {arm.name!r}: {role.name!r} is a role every run has already")
     if arm.section is not None and arm.settings is not None:
         options.declare(arm.section, arm.settings)
     _ARMS[arm.name] = arm
@@ -46,6 +49,11 @@ def unregister(name: str) -> None:
 def sections() -> dict[str, type]:
     """The registered arms' config sections, by key, in registration order."""
     return {a.section: a.settings for a in _ARMS.values() if a.section and a.settings}
+
+
+def role_names() -> tuple[str, ...]:
+    """The model roles the registered arms declare, each once, in registration order."""
+    return tuple(dict.fromkeys(r.name for a in _ARMS.values() for r in a.roles))
 
 
 def names() -> tuple[str, ...]:

@@ -127,7 +127,7 @@ class ReflexionWindow(_Window):
     ) -> Reflected | None:
         earlier: list[Reflection] = []
         summary = None
-        if settings.code_protocol:
+        if settings.layout.reads_trial_summary:
             earlier = visible_reflections(
                 past.reflections(), failed.task, failed.trial, settings.memory_size
             )

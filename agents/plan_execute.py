@@ -22,7 +22,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from agents.arm import Arm, ArmContext
+from agents.arm import Arm, ArmContext, ModelRole
 from agents.episode import EpisodeContext, EpisodeEnd
 from agents.evaluators import count_actions
 from agents.llm.base import CallSite, Completion, GenerationConfig, Request
@@ -200,8 +200,17 @@ def _build(ctx: ArmContext) -> PlanExecuteAgent:
     return PlanExecuteAgent(ctx.actor, ctx.settings, ctx.reflexion.prompts)
 
 
+PLANNER = ModelRole("planner", ("plan",), "planner_model")  # the planner and replanner
 ARMS = (
-    Arm("plan", _build, NO_MEMORY, "Plan-and-Execute", section="planning", settings=PlanningConfig),
+    Arm(
+        "plan",
+        _build,
+        NO_MEMORY,
+        "Plan-and-Execute",
+        section="planning",
+        settings=PlanningConfig,
+        roles=(PLANNER,),
+    ),
     Arm(
         "plan+reflexion",
         _build,
@@ -209,5 +218,6 @@ ARMS = (
         "Plan-and-Execute with reflections",
         section="planning",
         settings=PlanningConfig,
+        roles=(PLANNER,),
     ),
 )

@@ -4,9 +4,10 @@ The prompt is append-only (``prefix`` + transcript + ``"\\n>"``), so a prefix ca
 from step to step. A ``think:`` line is a thought (observation ``OK.``, the env is not asked); an
 empty line is an invalid step ("Nothing happens."); anything else is an action sent to the env
 after the grounding rules. The episode ends when the env says won, when the evaluator gives a
-failure verdict, or at the step cap. In the ``reflexion-code`` protocol a step is the paper's
-code's instead (:meth:`Actor.code_step`, :mod:`agents.reflexion_code`): no parsing or
-grounding, short outputs asked again, every action sent to the env.
+failure verdict, or at the step cap. The prompt's layout and how a step is taken are the
+actor's layout's (:mod:`agents.layout`): ReAct's own here, the paper's code's in
+:mod:`agents.reflexion_code` (no parsing or grounding, short outputs asked again, every action
+sent to the env).
 """
 
 from __future__ import annotations
@@ -14,15 +15,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from agents import reflexion_code as code
 from agents.arm import Arm, ArmContext
 from agents.episode import EpisodeContext, EpisodeEnd
 from agents.evaluators import Evaluator, Verdict, classify_failure, count_actions
+from agents.layout import REACT, PromptLayout
 from agents.llm.base import ActionConstraint, CallSite, Completion, GenerationConfig, Request
 from agents.llm.grounding import nearest_action
 from agents.memory_policy import EPISODIC, EXPLORATION, NO_MEMORY, REFLEXION
-from agents.parsing import GroundingRules, ParsedAction, parse_action, put_to_move
-from agents.prompting import actor_prompt, transcript_pairs
+from agents.parsing import GroundingRules, ParsedAction, parse_action
+from agents.prompting import transcript_pairs
 from memory.records import EnvReply, Step, StepKind
 
 NOTHING_HAPPENS = "Nothing happens."
@@ -39,19 +40,7 @@ class ActorSettings:
     max_steps: int
     count_thoughts: bool = True
     action_decoding: str = "free"  # free | grounded | nearest (the config's action_decoding)
-    protocol: str = "reflexsim"  # reflexsim | reflexion-code (agents.reflexion_code)
-    code_put_to_move: bool = False  # reflexion-code: send put X in/on Y as move X to Y
-
-    @property
-    def code_protocol(self) -> bool:
-        return self.protocol == code.CODE_PROTOCOL
-
-
-def prompt_at(prefix: str, observation: str, steps: Sequence[Step], protocol: str = "") -> str:
-    """The actor prompt after ``steps`` (what the model answered the next step to)."""
-    if protocol == code.CODE_PROTOCOL:
-        return code.actor_prompt(prefix, observation, [(s.action, s.observation) for s in steps])
-    return actor_prompt(prefix, observation, transcript_pairs(steps))
+    layout: PromptLayout = REACT  # the prompt's layout and how a step is taken
 
 
 def actor_request(
@@ -71,7 +60,7 @@ def actor_request(
     history = transcript_pairs(steps)
     return Request(
         config=replace(settings.generation, seed=seed),
-        prompt=prompt_at(ctx_spec_prefix, observation, steps, settings.protocol),
+        prompt=settings.layout.actor_prompt(ctx_spec_prefix, observation, steps),
         purpose="act",
         constraint=ActionConstraint(state.admissible)
         if settings.action_decoding == "grounded"
@@ -132,70 +121,29 @@ class Actor:
     async def next_step(
         self, ctx: EpisodeContext, observation: str, steps: Sequence[Step], state: EnvReply
     ) -> tuple[Step, EnvReply, bool]:
-        """One step: ask the model, parse, and send an action to the env. The step, the state
-        after it, and whether the env truncated the episode."""
+        """One step, as the layout takes it. The step, the state after it, and whether the env
+        truncated the episode."""
         spec = ctx.spec
         request = actor_request(
             self.settings, spec.prefix, observation, steps, state,
             game=spec.game, trial=spec.trial, seed=spec.seed, episode=spec.episode_id,
         )  # fmt: skip
-        if self.settings.code_protocol:
-            return await self.code_step(ctx, request, len(steps))
+        return await self.settings.layout.act(self, ctx, request, state, len(steps))
+
+    async def react_step(
+        self, ctx: EpisodeContext, request: Request, state: EnvReply, index: int
+    ) -> tuple[Step, EnvReply, bool]:
+        """ReAct's step: ask the model, parse, and send an action to the env."""
         completion = await ctx.generate(request)
         parsed = self.parse(completion.text, state.admissible)
         if parsed.kind == StepKind.ACT:
             admissible = parsed.action in state.admissible
             state = await ctx.step(parsed.action)
-            step = make_step(len(steps), parsed, completion, state.observation, admissible, state)
+            step = make_step(index, parsed, completion, state.observation, admissible, state)
             return step, state, state.truncated
         thought = parsed.kind == StepKind.THINK
         obs = THOUGHT_OBSERVATION if thought else NOTHING_HAPPENS
-        return make_step(len(steps), parsed, completion, obs, thought), state, False
-
-    async def code_step(
-        self, ctx: EpisodeContext, request: Request, index: int
-    ) -> tuple[Step, EnvReply, bool]:
-        """One step of the ``reflexion-code`` protocol (see :mod:`agents.reflexion_code`): up to
-        six tries while the output is short, each a recorded call; the stripped text (or "")
-        goes to the env as it is (``put X in/on Y`` as ``move X to Y`` only with
-        ``code_put_to_move``; the prompt then shows what was sent); a ``think:`` action is shown
-        with ``OK.``."""
-        base = request.config
-        texts: list[Completion] = []
-        text = ""
-        for attempt in range(code.TRIES):
-            config = replace(base, temperature=code.try_temperature(base.temperature, attempt))
-            completion = await ctx.generate(replace(request, config=config))
-            texts.append(completion)
-            out = code.cut_at_stop(completion.text, base.stop)
-            if not code.is_short(out):
-                text = out
-                break
-        action = text.strip()
-        if self.settings.code_put_to_move:  # asked for: ALFWorld 0.4's move X to Y
-            action = put_to_move(action)
-        state = await ctx.step(action)
-        if code.is_thought(action):
-            kind, observation = StepKind.THINK, code.thought_observation()
-        else:
-            kind = StepKind.ACT if action else StepKind.INVALID
-            observation = code.step_observation(state.observation)
-        last = texts[-1]
-        step = Step(
-            index=index,
-            kind=kind.value,
-            raw_output=last.text,
-            action=action,
-            observation=observation,
-            admissible=action in state.admissible or kind == StepKind.THINK,
-            prompt_tokens=sum(c.prompt_tokens for c in texts),
-            completion_tokens=sum(c.completion_tokens for c in texts),
-            cached_tokens=sum(c.cached_tokens for c in texts),
-            latency_s=sum(c.latency_s for c in texts),
-            reward=state.reward,
-            won=state.won,
-        )
-        return step, state, state.truncated
+        return make_step(index, parsed, completion, obs, thought), state, False
 
     def parse(self, text: str, admissible: Sequence[str]) -> ParsedAction:
         """The model's text as a step; with ``nearest`` decoding an action that is not admissible

@@ -17,12 +17,12 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agents import reflexion_code as code
 from agents.episode import ModelPort
 from agents.experience import Shown, rules_block
 from agents.explore import extract_facts
+from agents.layout import REACT, PromptLayout, ReflectionAsk
 from agents.llm.base import CallSite, GenerationConfig, Request
 from agents.prompting import (
     actor_prefix,
@@ -37,6 +37,9 @@ from agents.prompting import (
 )
 from memory.records import ExplorationFact, Reflection, ReflectionNote, Step, StepKind
 from memory.window import TaskMemory
+
+if TYPE_CHECKING:  # types only
+    from agents.reflexion_code import TrialSummary
 
 # The critique's JSON: what a constrained decoder would enforce, and what parse_critique checks.
 CRITIQUE_SCHEMA: dict[str, Any] = {
@@ -68,19 +71,8 @@ class ReflexionSettings:
     seed: int | None = 0
     reflection_format: str = "free"  # free | critique
     reflection_max_chars: int | None = None  # cap on the text kept (None: no cap)
-    protocol: str = "reflexsim"  # reflexsim | reflexion-code (agents.reflexion_code)
-    code_prompts: code.CodePrompts | None = None  # the user's files (reflexion-code)
+    layout: PromptLayout = REACT  # how the prefix and the reflection prompt are laid out
     instruction: str | None = None  # the actor's instruction text, when a file gave it
-
-    @property
-    def code_protocol(self) -> bool:
-        return self.protocol == code.CODE_PROTOCOL
-
-    def code_files(self) -> code.CodePrompts:
-        """The reflexion-code protocol's files (the runner loads them before the run)."""
-        if self.code_prompts is None:
-            raise ValueError("the reflexion-code protocol needs its prompt files")
-        return self.code_prompts
 
 
 @dataclass(frozen=True)
@@ -126,14 +118,15 @@ def prompt_prefix(
     policy recalls: :mod:`agents.memory_policy`); the rules of ``experience`` above it all and
     its retrieved attempts in place of the packaged examples (or before them: ``join``), when the
     policy recalls experience of other tasks."""
-    if settings.code_protocol:
-        body = code.actor_prefix(settings.code_files(), task_type, [r.text for r in reflections])
-    else:
+
+    def compose() -> str:
         shots = [r.attempt.text() for r in experience.retrieved]
         if not shots or experience.join:  # the packaged examples, after any retrieved
             shots += example_texts(task_type, settings.prompts)
-        body = actor_prefix(shots, reflections, facts, settings.instruction)
-    return rules_block(experience.rules) + body
+        return actor_prefix(shots, reflections, facts, settings.instruction)
+
+    texts = [r.text for r in reflections]
+    return rules_block(experience.rules) + settings.layout.prefix(task_type, texts, compose)
 
 
 def cap_text(text: str, max_chars: int | None) -> tuple[str, int | None]:
@@ -189,34 +182,31 @@ async def reflect(
     observation: str,
     steps: Sequence[Step],
     past: Sequence[Reflection] = (),
-    summary: code.TrialSummary | None = None,
+    summary: TrialSummary | None = None,
 ) -> Reflected:
     """A self-reflection on a failed episode, in the settings' format and length cap.
 
-    In the ``reflexion-code`` protocol the prompt is the paper's code's (``past``: the window of
-    this task's earlier reflections; ``summary``: the trial's counts, for the run's last game),
-    nothing stops the text but ``reflect_max_tokens``, and the text is kept as the model wrote it.
+    The settings' layout lays the prompt out (``past``: the window of this task's earlier
+    reflections; ``summary``: the trial's counts, when the layout reads them); the paper's
+    code's stops the text only at ``reflect_max_tokens`` and keeps it as the model wrote it.
 
     Greedy, at most ``reflect_max_tokens`` tokens. Raises the backend's error
     if the call fails (the trial loop retries it later: a reflection is never silently dropped). The ``critique``
     request carries no decoding constraint: the request interface has none for JSON yet, so the
     schema is checked after the fact.
     """
-    critique = settings.reflection_format == "critique" and not settings.code_protocol
     history = transcript_pairs(steps)
-    if settings.code_protocol:
-        pairs = [(s.action, s.observation) for s in steps]
-        window = [r.text for r in past]
-        prompt = code.reflection_prompt(settings.code_files(), observation, pairs, window, summary)
-        stop: tuple[str, ...] = ()
-    elif critique:
-        prompt = template("reflection_critique").format(
-            transcript=render_transcript(observation, history)
-        )
-        stop = ("\n\n",)
-    else:
-        prompt = reflection_prompt(observation, history)
-        stop = REFLECTION_STOPS
+
+    def compose() -> ReflectionAsk:
+        if settings.reflection_format == "critique":
+            text = template("reflection_critique").format(
+                transcript=render_transcript(observation, history)
+            )
+            return ReflectionAsk(text, ("\n\n",), keep="critique")
+        return ReflectionAsk(reflection_prompt(observation, history), REFLECTION_STOPS)
+
+    ask = settings.layout.reflection(observation, steps, [r.text for r in past], summary, compose)
+    prompt, stop, critique = ask.prompt, ask.stop, ask.keep == "critique"
     config = GenerationConfig(
         temperature=0.0, max_tokens=settings.reflect_max_tokens, stop=stop, seed=settings.seed
     )
@@ -235,7 +225,7 @@ async def reflect(
     completion = await model.generate(request)
     raw = completion.text.strip()
     text, error = raw or NO_REFLECTION, None
-    if settings.code_protocol:
+    if ask.keep == "as-written":
         text = completion.text  # the code keeps it as it is (stripped only where it is shown)
     if critique:
         parsed, error = parse_critique(raw)

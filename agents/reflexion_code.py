@@ -22,20 +22,28 @@ gives (nothing of the original wording ships here):
   follows, as the code's log split leaves it) and ``{past_plans}`` (the last Ω earlier
   reflections, unstripped, numbered by position); the reflection is kept as the model wrote it.
 
-The joins themselves live in ``agents/prompts/reflexion_code_layout.json``.
+The joins themselves live in ``agents/prompts/reflexion_code_layout.json``; :class:`CodeLayout`
+is this protocol as an arm's prompt layout (:mod:`agents.layout`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from agents.layout import PromptLayout, ReflectionAsk, StepTaker
+from agents.parsing import put_to_move
 from agents.prompting import PromptFileError, load_original_prompts, read_user_text
+from memory.records import EnvReply, Step, StepKind
+
+if TYPE_CHECKING:  # types only
+    from agents.episode import EpisodeContext
+    from agents.llm.base import Completion, Request
 
 CODE_PROTOCOL = "reflexion-code"  # the --protocol value of this protocol
 SHORT_OUTPUT = 5  # an output shorter than this (stripped) is asked again
@@ -241,3 +249,87 @@ def reflection_prompt(
         trajectory=trajectory(observation, pairs, summary),
         past_plans=past_plans(memory),
     )
+
+
+# -- the layout ------------------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class CodeLayout(PromptLayout):
+    """The paper's code's layout (see the module docstring): its prompts from the user's files
+    (``prompts``; None: only the actor prompt, as when an old run's prompts are rebuilt), its
+    steps, a reflection after every trial (the code writes one after the last too, and shows the
+    run's last game the trial's counts), the whole prompt as a chat model's one user message
+    (``code_put_to_move``: send ``put X in/on Y`` as ``move X to Y``, ALFWorld 0.4's syntax)."""
+
+    prompts: CodePrompts | None = None
+    code_put_to_move: bool = False
+
+    name = CODE_PROTOCOL
+    reflects_after_last_trial = True
+    reads_trial_summary = True
+    chat_instruction = ""
+
+    def files(self) -> CodePrompts:
+        if self.prompts is None:
+            raise ValueError("the reflexion-code protocol needs its prompt files")
+        return self.prompts
+
+    def actor_prompt(self, prefix: str, observation: str, steps: Sequence[Step]) -> str:
+        return actor_prompt(prefix, observation, [(s.action, s.observation) for s in steps])
+
+    def prefix(self, task_type: str, reflections: Sequence[str], compose: Callable[[], str]) -> str:
+        return actor_prefix(self.files(), task_type, reflections)
+
+    def reflection(
+        self,
+        observation: str,
+        steps: Sequence[Step],
+        past: Sequence[str],
+        summary: TrialSummary | None,
+        compose: Callable[[], ReflectionAsk],
+    ) -> ReflectionAsk:
+        pairs = [(s.action, s.observation) for s in steps]
+        prompt = reflection_prompt(self.files(), observation, pairs, past, summary)
+        return ReflectionAsk(prompt, (), keep="as-written")
+
+    async def act(
+        self, actor: StepTaker, ctx: EpisodeContext, request: Request, state: EnvReply, index: int
+    ) -> tuple[Step, EnvReply, bool]:
+        """Up to six tries while the output is short, each a recorded call; the stripped text
+        (or "") goes to the env as it is (``put X in/on Y`` as ``move X to Y`` only with
+        ``code_put_to_move``; the prompt then shows what was sent); a ``think:`` action is shown with
+        ``OK.``."""
+        base = request.config
+        texts: list[Completion] = []
+        text = ""
+        for attempt in range(TRIES):
+            config = replace(base, temperature=try_temperature(base.temperature, attempt))
+            completion = await ctx.generate(replace(request, config=config))
+            texts.append(completion)
+            out = cut_at_stop(completion.text, base.stop)
+            if not is_short(out):
+                text = out
+                break
+        action = text.strip()
+        if self.code_put_to_move:
+            action = put_to_move(action)
+        state = await ctx.step(action)
+        if is_thought(action):
+            kind, observation = StepKind.THINK, thought_observation()
+        else:
+            kind = StepKind.ACT if action else StepKind.INVALID
+            observation = step_observation(state.observation)
+        step = Step(
+            index=index,
+            kind=kind.value,
+            raw_output=texts[-1].text,
+            action=action,
+            observation=observation,
+            admissible=action in state.admissible or kind == StepKind.THINK,
+            prompt_tokens=sum(c.prompt_tokens for c in texts),
+            completion_tokens=sum(c.completion_tokens for c in texts),
+            cached_tokens=sum(c.cached_tokens for c in texts),
+            latency_s=sum(c.latency_s for c in texts),
+            reward=state.reward,
+            won=state.won,
+        )
+        return step, state, state.truncated

@@ -15,6 +15,7 @@ from agents import arms
 from agents.arm import ArmContext, SearchLog
 from agents.episode import Agent
 from agents.evaluators import make_evaluator
+from agents.layout import REACT, PromptLayout
 from agents.llm import make_backend, parse_spec
 from agents.llm.base import Backend, GenerationConfig
 from agents.llm.ground_truth import NO_GROUND_TRUTH, GroundTruth
@@ -23,9 +24,10 @@ from agents.parsing import GroundingRules
 from agents.prompting import PromptFileError, file_sha256, load_original_prompts, sha256
 from agents.react import ActorSettings
 from agents.reflexion import ReflexionSettings
-from agents.reflexion_code import CODE_PROTOCOL, CodePrompts, layout_text, read_wording
+from agents.reflexion_code import CODE_PROTOCOL, CodeLayout, CodePrompts, layout_text, read_wording
 from experiments.config import RunConfig, role_options_of
 from experiments.errors import ConfigError
+from experiments.prompts import layout_class
 from experiments.trials import Safeguards, Task, TrialPlan
 
 # The reflexion-code protocol's wording files, by config key.
@@ -49,18 +51,26 @@ def backend_options(cfg: RunConfig, role: str = "actor") -> dict[str, Any]:
     if cfg.models.chat_format:
         options["chat_format"] = cfg.models.chat_format
     options.update(role_options_of(cfg.models.role_options, role))
-    if cfg.protocol.protocol == CODE_PROTOCOL and role == "actor":
-        # the code's get_chat sends the actor's whole prompt as one user message, nothing added
-        options.setdefault("chat_instruction", "")
+    sent_first = layout_kind(cfg).chat_instruction
+    if sent_first is not None and role == "actor":  # the layout's, unless the user set one
+        options.setdefault("chat_instruction", sent_first)
     return options
+
+
+def arm_roles(cfg: RunConfig) -> dict[str, str | None]:
+    """The arm's own model roles and the specs its config section names (None: the actor's)."""
+    arm = arms.get(cfg.protocol.agent)
+    section = cfg.section(arm.section) if arm.section else None
+    return {r.name: getattr(section, r.key) for r in arm.roles}
 
 
 def own_models(cfg: RunConfig) -> dict[str, str]:
     """The roles with a backend of their own, and their specs: the actor, and each other role
-    that names another model or has options of its own (the rest share the actor's)."""
+    (the reflector, the arm's own, escalation) that names another model or has options of its
+    own (the rest share the actor's)."""
     specs = {
         "reflect": cfg.models.reflector,
-        "planner": cfg.section("planning").planner_model,
+        **arm_roles(cfg),
         "escalate": cfg.safeguards.escalate_model,
     }
     own = {"actor": cfg.models.model}
@@ -153,7 +163,21 @@ def check_prompts_file(cfg: RunConfig, tasks: Sequence[Task]) -> None:
         raise ConfigError(f"--prompts: {exc}") from None
 
 
-def reflexion_settings(cfg: RunConfig) -> ReflexionSettings:
+def layout_kind(cfg: RunConfig) -> type[PromptLayout]:
+    """The prompt layout the run's protocol names (its class: nothing is read)."""
+    return layout_class(cfg.protocol.protocol)
+
+
+def prompt_layout(cfg: RunConfig) -> PromptLayout:
+    """The run's prompt layout, with the user's wording files it needs (read now)."""
+    files = code_prompts(cfg)
+    if files is None:
+        return REACT
+    return CodeLayout(files, code_put_to_move=cfg.protocol.code_put_to_move)
+
+
+def reflexion_settings(cfg: RunConfig, layout: PromptLayout | None = None) -> ReflexionSettings:
+    """(``layout``: the run's, when already made.)"""
     p, guards = cfg.protocol, cfg.safeguards
     return ReflexionSettings(
         memory_size=p.memory_size,
@@ -163,18 +187,17 @@ def reflexion_settings(cfg: RunConfig) -> ReflexionSettings:
         seed=p.seed,
         reflection_format=guards.reflection_format,
         reflection_max_chars=guards.reflection_max_chars,
-        protocol=p.protocol,
-        code_prompts=code_prompts(cfg),
+        layout=layout or prompt_layout(cfg),
         instruction=instruction(cfg),
     )
 
 
-def trial_plan_of(cfg: RunConfig) -> TrialPlan:
+def trial_plan_of(cfg: RunConfig, layout: PromptLayout | None = None) -> TrialPlan:
     """How many trials, the arm's memory and reflection settings, and the safeguards."""
     guards = cfg.safeguards
     return TrialPlan(
         trials=cfg.protocol.trials,
-        reflexion=reflexion_settings(cfg),
+        reflexion=reflexion_settings(cfg, layout),
         memory=arms.get(cfg.protocol.agent).memory,
         llm_judge=cfg.evaluation.evaluator == "llm",
         safeguards=Safeguards(
@@ -195,7 +218,8 @@ def grounding_rules(cfg: RunConfig) -> GroundingRules:
     return GroundingRules(put_to_move=cfg.gameset.env == "alfworld")
 
 
-def actor_settings(cfg: RunConfig) -> ActorSettings:
+def actor_settings(cfg: RunConfig, layout: PromptLayout | None = None) -> ActorSettings:
+    """(``layout``: the run's, when already made.)"""
     p, e = cfg.protocol, cfg.evaluation
     return ActorSettings(
         generation=generation_config(cfg),
@@ -210,30 +234,41 @@ def actor_settings(cfg: RunConfig) -> ActorSettings:
         max_steps=p.max_steps,
         count_thoughts=p.count_thoughts,
         action_decoding=cfg.models.action_decoding,
-        protocol=p.protocol,
-        code_put_to_move=p.code_put_to_move,
+        layout=layout or prompt_layout(cfg),
     )
 
 
+def routes(cfg: RunConfig) -> dict[str, str]:
+    """The request purposes the arm's own roles answer, and each one's role."""
+    return {p: r.name for r in arms.get(cfg.protocol.agent).roles for p in r.purposes}
+
+
 def build_agent(
-    cfg: RunConfig, log: SearchLog | None = None, truth: GroundTruth = NO_GROUND_TRUTH
+    cfg: RunConfig,
+    log: SearchLog | None = None,
+    truth: GroundTruth = NO_GROUND_TRUTH,
+    layout: PromptLayout | None = None,
 ) -> Agent:
     """The arm's agent, built by its registered factory from its own config section (a search
     agent's tree goes to ``log``; ``truth``: the games' solutions, for the arms whose value
-    function may read them)."""
+    function may read them; ``layout``: the run's, when already made)."""
     arm = arms.get(cfg.protocol.agent)
     settings = cfg.section(arm.section) if arm.section else None
-    context = ArmContext(actor_settings(cfg), reflexion_settings(cfg), settings, log, truth)
+    layout = layout or prompt_layout(cfg)
+    context = ArmContext(
+        actor_settings(cfg, layout), reflexion_settings(cfg, layout), settings, log, truth
+    )
     return arm.build(context)
 
 
 def extra_backends(cfg: RunConfig, truth: GroundTruth = NO_GROUND_TRUTH) -> dict[str, Backend]:
-    """The planner and escalation models, when they are models of their own (built with the
-    actor, so a bad spec or a missing API key is refused before the run directory is written)."""
+    """The arm's own roles' and escalation's models, when they are models of their own (built
+    with the actor, so a bad spec or a missing API key is refused before the run directory is
+    written)."""
     out: dict[str, Backend] = {}
     own = own_models(cfg)
     try:
-        for role in ("planner", "escalate"):
+        for role in (*arm_roles(cfg), "escalate"):
             if role in own:
                 out[role] = make_backend(
                     own[role], ground_truth=truth, **backend_options(cfg, role)

@@ -33,6 +33,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from agents import arms
+from agents.arm import RUN_ROLES
 from agents.llm.redaction import REDACTED, redact
 from agents.options import declare, help_text, leaf_names, model_spec, option
 from agents.reflexion_code import CODE_PROTOCOL
@@ -50,7 +51,9 @@ def _choices(meta: Mapping[str, Any]) -> tuple[str, ...] | None:
     return choices() if callable(choices) else choices
 
 
-MODEL_ROLES = ("actor", "reflect", "planner", "escalate")
+def model_roles() -> tuple[str, ...]:
+    """Every role a backend may be made for: the run's, then the registered arms' own."""
+    return (*RUN_ROLES, *arms.role_names())
 
 
 def role_options_of(options: Mapping[str, Any], role: str) -> dict[str, Any]:
@@ -68,9 +71,9 @@ def role_options_of(options: Mapping[str, Any], role: str) -> dict[str, Any]:
 def _role_options(value: Mapping[str, Any]) -> None:
     for key, item in value.items():
         role, _, leaf = str(key).partition(".")
-        if role not in MODEL_ROLES or not (leaf or isinstance(item, Mapping)):
+        if role not in model_roles() or not (leaf or isinstance(item, Mapping)):
             raise ValueError(
-                f"{key!r} is not ROLE.KEY with ROLE one of {', '.join(MODEL_ROLES)} "
+                f"{key!r} is not ROLE.KEY with ROLE one of {', '.join(model_roles())} "
                 "(e.g. reflect.gpu_memory_utilization=0.3)"
             )
 
@@ -135,10 +138,12 @@ class ModelConfig:
     )
     role_options: dict[str, Any] = option(
         {},
-        "one role's backend options over backend_options, ROLE.KEY=VALUE with ROLE actor, "
-        "reflect, planner or escalate (e.g. reflect.gpu_memory_utilization=0.3); a role with "
-        "options of its own gets its own backend even when it names the actor's model; flag: "
-        "--role-option ROLE.KEY=VALUE, repeatable",
+        lambda: (
+            "one role's backend options over backend_options, ROLE.KEY=VALUE with ROLE one "
+            f"of {', '.join(model_roles())} (e.g. reflect.gpu_memory_utilization=0.3); a role with "
+            "options of its own gets its own backend even when it names the actor's model; flag: "
+            "--role-option ROLE.KEY=VALUE, repeatable"
+        ),
         flag="--role-option",
         check=_role_options,
     )

@@ -34,7 +34,7 @@ import logging
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
@@ -314,7 +314,7 @@ class Engine:
         *,
         arm: str,
         reflector: ModelClient | None = None,
-        planner: ModelClient | None = None,
+        routes: Mapping[str, ModelClient] | None = None,
         should_stop: Callable[[Usage], str | None] = lambda usage: None,
         on_episode_done: Callable[[EpisodeSpec, EpisodeEnd | None], None] = lambda s, e: None,
         on_step: Callable[[EpisodeSpec], None] = lambda s: None,
@@ -323,7 +323,7 @@ class Engine:
         self.store = store
         self.model = model
         self.reflector = reflector or model
-        self.planner = planner  # plan calls (default: the actor)
+        self.routes = dict(routes or {})  # purpose -> an arm role's own model (else the actor)
         self.envs = envs
         self.arm = arm
         self.should_stop = should_stop
@@ -356,15 +356,16 @@ class Engine:
         actor: ModelClient | None = None,
     ) -> Completion:
         """A model call on behalf of an episode (or of a task: reflect, judge), recorded.
-        Reflect and judge calls go to the reflector, plan calls to the planner (default: the
-        actor), the rest to the actor (``actor``: an episode's own, e.g. an escalation run's)."""
+        Reflect and judge calls go to the reflector, a purpose the arm routes to a role of its
+        own to that role's model, the rest to the actor (``actor``: an episode's own, e.g. an
+        escalation run's)."""
         self.check_stop()
         started = time.perf_counter()
         actor = actor or self.model
         if request.purpose in ("reflect", "judge"):
             client = self.reflector
-        elif request.purpose == "plan":
-            client = self.planner or actor
+        elif request.purpose in self.routes:
+            client = self.routes[request.purpose]
         else:
             client = actor
         try:

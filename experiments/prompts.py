@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from agents.react import prompt_at
+from agents.layout import PromptLayout
+from agents.reflexion_code import CodeLayout
 from experiments.store import EpisodeRow, RunReader, shared_prefix
 from memory.records import ModelCall, SentRequest, Step
 
@@ -48,6 +49,15 @@ def request_text(sent: SentRequest) -> str:
     if sent.prompt is not None:
         return sent.prompt
     return "\n\n".join(f"[{role}]\n{content}" for role, content in sent.messages or ())
+
+
+LAYOUTS: dict[str, type[PromptLayout]] = {k.name: k for k in (PromptLayout, CodeLayout)}
+
+
+def layout_class(protocol: str) -> type[PromptLayout]:
+    """The prompt layout of the protocol named ``protocol`` (ReAct's for "" or an unknown
+    name: a run written before the protocol was recorded)."""
+    return LAYOUTS.get(protocol, PromptLayout)
 
 
 def protocol_of(reader: RunReader) -> str:
@@ -83,7 +93,8 @@ def step_prompts(
             continue
         if protocol is None:
             protocol = protocol_of(reader)
-        text = prompt_at(episode.prompt_prefix, episode.observation, steps[:k], protocol)
+        layout = layout_class(protocol)()  # the actor prompt needs none of its files
+        text = layout.actor_prompt(episode.prompt_prefix, episode.observation, steps[:k])
         out.append(StepPrompt(k, SentRequest(prompt=text), step.raw_output))
     return out
 

@@ -27,6 +27,8 @@ from experiments.arming import (
     build_agent,
     extra_backends,
     own_models,
+    prompt_layout,
+    routes,
     trial_plan_of,
 )
 from experiments.config import RunConfig, parse_deadline
@@ -77,12 +79,12 @@ class Budget:
 
 @dataclass(frozen=True)
 class Backends:
-    """The run's models: the actor, the reflector (often the same backend) and the planner's
-    and escalation's own models, if any."""
+    """The run's models: the actor, the reflector (often the same backend), and the arm's own
+    roles' and escalation's models, if any."""
 
     actor: Backend
     reflector: Backend
-    extras: dict[str, Backend] = field(default_factory=dict)  # planner, escalate: own models
+    extras: dict[str, Backend] = field(default_factory=dict)  # the arm's roles, escalate: own
 
     def close(self) -> None:
         _close_all([self.actor, self.reflector, *self.extras.values()])
@@ -179,8 +181,9 @@ def _begin(plan: Plan, store: RunStore, progress: Progress) -> None:
 def _wire(
     plan: Plan, store: RunStore, progress: Progress, stack: ExitStack
 ) -> tuple[Engine, dict[str, ModelClient]]:
-    """The engine, over a model client per backend (by role: actor, reflector, planner,
-    escalate) and the env pool; ``stack`` closes each (the backends are the plan's owner's)."""
+    """The engine, over a model client per backend (by role: actor, reflector, the arm's own
+    roles, escalate) and the env pool; ``stack`` closes each (the backends are the plan's
+    owner's)."""
     cfg, backends = plan.cfg, plan.backends
     in_flight = cfg.execution.concurrency
 
@@ -199,7 +202,7 @@ def _wire(
         _env_pool(cfg, plan.games, stack),
         arm=cfg.protocol.agent,
         reflector=clients["reflector"],
-        planner=clients.get("planner"),
+        routes={p: clients[r] for p, r in routes(cfg).items() if r in clients},
         should_stop=Budget(cfg),
         concurrency=cfg.execution.concurrency,
         on_episode_done=lambda spec, end: progress.episode_done(
@@ -262,9 +265,10 @@ def _trial_loop(
     escalate = clients.get("escalate")
     if escalate is None and cfg.safeguards.escalate_model == cfg.models.model:
         escalate = clients["actor"]  # the same model again: its own client
-    agent = build_agent(cfg, store, plan.games.ground_truth)
+    layout = prompt_layout(cfg)  # the wording files read once
+    agent = build_agent(cfg, store, plan.games.ground_truth, layout)
     return TrialLoop(
-        store, engine, agent, replace(trial_plan_of(cfg), experience=plan.experience),
+        store, engine, agent, replace(trial_plan_of(cfg, layout), experience=plan.experience),
         on_task_done=task_done,
         escalation=Escalation(cfg.safeguards.escalate_model, escalate)
         if escalate is not None and cfg.safeguards.escalate_model

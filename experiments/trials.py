@@ -281,7 +281,7 @@ class TrialLoop:
         episode (a reflection; ``epm``: its trimmed trajectory), unless already done."""
         row = await self._judge(task, trial, row)
         settings = self.plan.reflexion
-        if trial >= self.plan.trials - 1 and not settings.code_protocol:
+        if trial >= self.plan.trials - 1 and not settings.layout.reflects_after_last_trial:
             return  # a memory item after the last trial would never be read (the code writes it)
         if self.plan.llm_judge and row.judge_verdict == "success":
             return  # the self-evaluation arm reflects only when its judge saw a failure

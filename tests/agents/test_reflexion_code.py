@@ -56,7 +56,7 @@ def prompts() -> code.CodePrompts:
 
 
 def settings(**kw: Any) -> ReflexionSettings:
-    return ReflexionSettings(3, "m", protocol=code.CODE_PROTOCOL, code_prompts=prompts(), **kw)
+    return ReflexionSettings(3, "m", layout=code.CodeLayout(prompts()), **kw)
 
 
 def reflections(n: int) -> list[Reflection]:
@@ -152,7 +152,7 @@ def agent(max_steps: int = 49) -> ReActAgent:
             evaluator=CodeEvaluator(exact=True),
             grounding=GroundingRules.none(),  # what the runner gives this protocol by default
             max_steps=max_steps,
-            protocol=code.CODE_PROTOCOL,
+            layout=code.CodeLayout(prompts()),
         )
     )
 
@@ -291,14 +291,18 @@ def test_put_becomes_move_only_when_asked():
 
     from experiments.arming import actor_settings
 
-    plain = actor_settings(RunConfig.of(protocol="reflexion-code"))
-    assert plain.grounding == GroundingRules.none() and not plain.code_put_to_move
-    asked = actor_settings(RunConfig.of(protocol="reflexion-code", code_put_to_move=True))
-    assert asked.grounding == GroundingRules.none() and asked.code_put_to_move
+    plain = actor_settings(RunConfig.of(protocol="reflexion-code", **files()))
+    assert plain.grounding == GroundingRules.none()
+    assert isinstance(plain.layout, code.CodeLayout) and not plain.layout.code_put_to_move
+    asked = actor_settings(
+        RunConfig.of(protocol="reflexion-code", code_put_to_move=True, **files())
+    )
+    assert asked.grounding == GroundingRules.none()
+    assert isinstance(asked.layout, code.CodeLayout) and asked.layout.code_put_to_move
     with pytest.raises(ConfigError, match="read only by --protocol reflexion-code"):
         RunConfig.of(code_put_to_move=True)
     moving = agent()
-    moving.settings = replace(moving.settings, code_put_to_move=True)
+    moving.settings = replace(moving.settings, layout=code.CodeLayout(prompts(), code_put_to_move=True))
     ctx = _Ctx(
         [" put pen 1 in/on drawer 1", " Put pen 1 in/on drawer 1", " Put pen 1 in/on drawer 1"]
     )
