@@ -11,7 +11,10 @@ from agents.llm.answers import storable
 
 log = logging.getLogger("agents.llm")
 
-Purpose = Literal["act", "reflect", "judge", "plan", "value", "insights", "other"]
+# What a request is for: the built-in purposes are act, reflect, judge, plan, value, insights
+# and other; an arm may send purposes of its own (and route them to a model role of its own:
+# agents.arm.ModelRole). Backends treat every purpose alike but act.
+Purpose = str
 
 
 @dataclass(frozen=True)

@@ -5,26 +5,30 @@ flag, YAML key and ``--help`` text come with it)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 
 from agents import arms
-from agents.arm import Arm, ArmContext
+from agents.arm import Arm, ArmContext, ModelRole
 from agents.episode import EpisodeContext, EpisodeEnd
 from agents.episode import ModelPort as Model
-from agents.memory_policy import Failed, PastTrials, Recall
+from agents.layout import PromptLayout
+from agents.llm.base import CallSite, GenerationConfig, Request
+from agents.memory_policy import NO_MEMORY, Failed, PastTrials, Recall
 from agents.options import option
 from agents.parsing import parse_action
-from agents.react import THOUGHT_OBSERVATION, actor_request, make_step
+from agents.react import THOUGHT_OBSERVATION, ReActAgent, actor_request, make_step
 from agents.reflexion import Reflected, ReflexionSettings
 from experiments.cli import main
-from experiments.config import RunConfig, from_mapping
+from experiments.config import RunConfig, from_mapping, model_roles
 from experiments.errors import ConfigError
-from experiments.store import RunStore
+from experiments.store import RunReader, RunStore
+from experiments.training_data import sft_records
+from experiments.viewer.data import episode_detail, step_prompt
 from memory.records import FailureClass, Reflection, ReflectionNote, Step, StepKind
 
 SPLIT = "eval_out_of_distribution"
@@ -233,3 +237,104 @@ def test_builtin_arms_keep_their_order_and_memory() -> None:
     }  # fmt: skip
     with pytest.raises(ValueError, match="already registered"):
         arms.register(arms.get("react"))
+
+
+# -- an arm with its own prompt line and its own model role --------------------------------------
+REMINDER = "coach-line: the last thing seen was: {seen}"  # the arm's own prompt line
+COACH = ModelRole("coach", ("coaching",), "coach_model")  # its own model, for its own purpose
+
+
+@dataclass(frozen=True)
+class CoachedConfig:
+    """The coached arm: ReAct with a reminder line and a coach asked once an episode."""
+
+    coach_model: str | None = option(None, "the coach's model spec (default: the actor's)")
+
+
+class ReminderLayout(PromptLayout):
+    """ReAct's layout with one line of its own before the prompt's end."""
+
+    def actor_prompt(self, prefix: str, observation: str, steps: Sequence[Step]) -> str:
+        seen = steps[-1].observation if steps else observation
+        base = super().actor_prompt(prefix, observation, steps)
+        return base[: -len(">")] + REMINDER.format(seen=seen.splitlines()[0]) + "\n>"
+
+
+class CoachedAgent(ReActAgent):
+    async def play(self, ctx: EpisodeContext) -> EpisodeEnd:
+        spec = ctx.spec
+        await ctx.generate(
+            Request(
+                config=GenerationConfig(temperature=0.0, max_tokens=16, stop=("\n",)),
+                prompt=f"Coach me on {spec.game}\n>",
+                purpose="coaching",
+                site=CallSite(episode=spec.episode_id, game=spec.game, trial=spec.trial),
+            )
+        )
+        return await super().play(ctx)
+
+
+def coached_arm() -> Arm:
+    def build(ctx: ArmContext) -> CoachedAgent:
+        return CoachedAgent(replace(ctx.actor, layout=ReminderLayout()))
+
+    return Arm(
+        "coached", build, NO_MEMORY, "ReAct with a coach", section="coached",
+        settings=CoachedConfig, roles=(COACH,),
+    )  # fmt: skip
+
+
+def test_an_arm_with_its_own_prompt_line_and_model_role(
+    generated_games: Path, tmp_path: Path
+) -> None:
+    """The coached arm's reminder line is in every request the actor got, and the viewer's
+    step prompts and the SFT export show it as sent; its coaching calls go to the coach's own
+    model (the actor is the expert, the coach a random policy) and are listed with their prompt
+    and answer; its role takes backend options while registered; nothing under experiments/
+    names the arm, its role or its purpose."""
+    run_dir = tmp_path / "coached"
+    with registered(coached_arm()):
+        assert "coach" in model_roles()
+        args = [
+            "run", "--agent", "coached", "--model", "scripted:expert", "--data",
+            str(generated_games), "--split", SPLIT, "--games", "2", "--trials", "1",
+            "--coach-model", "scripted:random", "--role-option", "coach.chat_format=user",
+            "--run-dir", str(run_dir),
+        ]  # fmt: skip
+        assert main(args) == 0
+        with RunReader(run_dir) as reader:
+            episodes = reader.episodes()
+            assert len(episodes) == 2 and all(e.won for e in episodes)
+            records = sft_records(reader)
+            for episode in episodes:
+                steps = reader.steps(episode.episode_id)
+                calls = reader.model_calls(episode.episode_id)
+                acts = [c for c in calls if c.purpose == "act"]
+                assert len(acts) == len(steps) > 1
+                for k, call in enumerate(acts):
+                    assert call.sent is not None and call.sent.params["policy"] == "scripted:expert"
+                    assert call.sent.prompt is not None and "coach-line: " in call.sent.prompt
+                    shown = step_prompt(reader, episode, steps, k)
+                    assert not shown.rebuilt and shown.sent.prompt == call.sent.prompt
+                (coaching,) = [c for c in calls if c.purpose == "coaching"]
+                assert coaching.sent is not None
+                assert coaching.sent.params["policy"] == "scripted:random"  # the coach's own
+                assert coaching.sent.messages  # its role's option: chat messages
+                detail = episode_detail(reader, episode, steps)
+                (listed,) = [c for c in detail["calls"] if c["purpose"] == "coaching"]
+                assert listed["answer"] == coaching.answer and "Coach me on" in str(
+                    listed["messages"]
+                )
+            exported = "\n".join(m["content"] for r in records for m in r.messages)
+            assert len(records) >= 2 and exported.count("coach-line: ") >= sum(
+                len(reader.steps(e.episode_id)) for e in episodes
+            )
+    assert "coach" not in model_roles()
+    root = Path(__file__).resolve().parent.parent.parent
+    named = [
+        str(path.relative_to(root))
+        for path in (root / "experiments").rglob("*")
+        if path.is_file() and path.suffix in (".py", ".yaml", ".txt", ".json", ".md", ".html", ".js")
+        and any(w in path.read_text(errors="replace") for w in ("coached", "coach", "coaching"))
+    ]  # fmt: skip
+    assert named == []
