@@ -302,7 +302,9 @@ def test_put_becomes_move_only_when_asked():
     with pytest.raises(ConfigError, match="read only by --protocol reflexion-code"):
         RunConfig.of(code_put_to_move=True)
     moving = agent()
-    moving.settings = replace(moving.settings, layout=code.CodeLayout(prompts(), code_put_to_move=True))
+    moving.settings = replace(
+        moving.settings, layout=code.CodeLayout(prompts(), code_put_to_move=True)
+    )
     ctx = _Ctx(
         [" put pen 1 in/on drawer 1", " Put pen 1 in/on drawer 1", " Put pen 1 in/on drawer 1"]
     )
