@@ -13,9 +13,10 @@ Printed, as medians of ``--repeats`` measured side by side in one run:
   served, beside the goals (0.5 ms and 1 ms);
 - steps a second one runner process could drive at that cost (1 / CPU per step), and the H100
   figure it must feed (~500 actor requests a second at batch 128);
-- with ``--parts``: one more large run of each, under cProfile, its self time split by part
-  (event loop, store, prompt building, tokenization, HTTP client, env client, agent and engine,
-  other), as shares applied to the unprofiled cost.
+- with ``--parts`` (``pip install py-spy``): one more small and large run of each, sampled by
+  py-spy (the thread holding the GIL, 250 a second), the marginal samples split by part (the
+  scripted model itself, store, HTTP client, tokenization, env client, prompt building, event
+  loop, agent and engine, other), as shares applied to the unsampled cost.
 
     python benchmarks/bench_harness.py [--data DIR] [--small 8] [--large 64] [--repeats 3] [--parts]
 """
@@ -38,53 +39,63 @@ sys.path.insert(0, str(ROOT))  # the loopback server: tests/support
 SPLIT = "eval_in_distribution"
 GOAL_MS = {"in process": 0.5, "served": 1.0}
 
-# The child: run the command line's entry, then print its own CPU seconds and, profiled, its
-# self time by file.
+# The child: run the command line's entry, then print its own CPU seconds.
 CHILD = r"""
-import cProfile, json, pstats, resource, sys
+import json, resource, sys
 from experiments.cli import main
-args = json.loads(sys.argv[1])
-profile = sys.argv[2] == "1"
-prof = cProfile.Profile() if profile else None
-if prof: prof.enable()
-code = main(args)
-if prof: prof.disable()
+code = main(json.loads(sys.argv[1]))
 u = resource.getrusage(resource.RUSAGE_SELF)
-out = {"code": code, "cpu_s": u.ru_utime + u.ru_stime}
-if prof:
-    by_file = {}
-    for (file, _line, func), (_cc, _nc, tt, _ct, _callers) in pstats.Stats(prof).stats.items():
-        key = file if file != "~" else "builtin:" + func
-        by_file[key] = by_file.get(key, 0.0) + tt
-    out["self_s"] = by_file
-print("BENCH " + json.dumps(out))
+print("BENCH " + json.dumps({"code": code, "cpu_s": u.ru_utime + u.ru_stime}))
 """
 
-# Which part of the harness a file (or a builtin) is, first match wins.
+# What a frame of a sampled stack is part of, by its file; the innermost frame that names a part
+# decides (a generic frame, e.g. json or dataclasses, counts for the part of the frame that
+# called it). Checked in this order.
 PARTS = (
-    ("store (SQLite)", ("experiments/store", "sqlite3", "builtin:<method 'execute", "builtin:<method 'commit", "json/")),
-    ("prompt building", ("agents/layout", "agents/prompting", "agents/reflexion", "agents/memory_policy", "agents/parsing")),
-    ("tokenization", ("rough_token_count", "agents/llm/common", "tokenizers", "tiktoken")),
-    ("HTTP client", ("httpx", "httpcore", "openai/", "h11", "anyio", "agents/llm/openai_backend", "ssl", "http/")),
-    ("env client", ("envs/", "multiprocessing", "pickle", "builtin:<method 'recv", "builtin:<method 'send")),
-    ("event loop", ("asyncio/", "selectors", "builtin:<method 'poll", "builtin:<method 'select", "threading")),
-    ("agent and engine", ("agents/", "experiments/", "memory/")),
+    ("the model (scripted)", ("agents/llm/scripted.py",)),
+    ("store (SQLite)", ("experiments/store.py", "sqlite3/")),
+    ("HTTP client", ("httpx/", "httpcore/", "openai/", "h11/", "anyio/", "ssl.py", "socket.py",
+                     "agents/llm/openai_backend.py", "agents/llm/deadline.py", "agents/llm/retry.py")),
+    ("tokenization", ("tokenizers/", "tiktoken/")),
+    ("env client", ("envs/", "multiprocessing/", "pickle")),
+    ("prompt building", ("agents/layout.py", "agents/prompting.py", "agents/reflexion.py",
+                         "agents/memory_policy.py", "agents/parsing.py", "agents/reflexion_code.py")),
+    ("event loop", ("asyncio/", "selectors.py")),
+    ("agent and engine", ("/agents/", "/experiments/", "/memory/")),
 )  # fmt: skip
 
 
-def part_of(key: str) -> str:
-    for name, marks in PARTS:
-        if any(m in key for m in marks):
-            return name
+def part_of(stack: list[str]) -> str:
+    """The part a sampled stack (root first, ``func (file:line)`` frames) is spent in."""
+    for frame in reversed(stack):
+        for name, marks in PARTS:
+            if any(m in frame for m in marks):
+                return name
     return "other"
 
 
-def run_child(args: list[str], profile: bool) -> dict:
+def run_child(args: list[str], sample_to: Path | None = None) -> dict:
+    """Run the command in a child; with ``sample_to``, under py-spy (its raw stacks there)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD, json.dumps(args), "1" if profile else "0"],
-        capture_output=True, text=True, cwd=ROOT, env=env, check=False,
-    )  # fmt: skip
+    cmd = [sys.executable, "-c", CHILD, json.dumps(args)]
+    if sample_to is not None:
+        spy = Path(sys.executable).with_name("py-spy")
+        if not spy.exists():
+            raise SystemExit("--parts samples with py-spy: pip install py-spy")
+        cmd = [
+            str(spy),
+            "record",
+            "--gil",
+            "-r",
+            "250",
+            "-f",
+            "raw",
+            "-o",
+            str(sample_to),
+            "--",
+            *cmd,
+        ]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, check=False)
     line = next((x for x in done.stdout.splitlines() if x.startswith("BENCH ")), None)
     if done.returncode != 0 or line is None:
         raise SystemExit(f"the runner failed ({done.returncode}): {done.stderr[-2000:]}")
@@ -94,6 +105,21 @@ def run_child(args: list[str], profile: bool) -> dict:
     return out
 
 
+def sampled_parts(raw: Path) -> tuple[dict[str, int], dict[str, int]]:
+    """Samples by part, and by innermost frame, from py-spy's raw output (``--gil``: only the
+    thread holding the GIL is sampled, so a thread that waits is never counted)."""
+    parts: dict[str, int] = {}
+    leaves: dict[str, int] = {}
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = stack.split(";")
+        parts[part_of(frames)] = parts.get(part_of(frames), 0) + int(count)
+        leaves[frames[-1]] = leaves.get(frames[-1], 0) + int(count)
+    return parts, leaves
+
+
 def steps_of(run_dir: Path) -> int:
     from experiments.store import RunReader
 
@@ -101,7 +127,9 @@ def steps_of(run_dir: Path) -> int:
         return sum(len(reader.steps(e.episode_id)) for e in reader.episodes())
 
 
-def one_run(data: Path, games: int, served: str | None, profile: bool = False) -> tuple[dict, int]:
+def one_run(
+    data: Path, games: int, served: str | None, sample_to: Path | None = None
+) -> tuple[dict, int]:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         args = [
@@ -113,7 +141,7 @@ def one_run(data: Path, games: int, served: str | None, profile: bool = False) -
             args += ["--model", "scripted:random"]
         else:
             args += ["--model", "openai:standin", "--base-url", served]
-        out = run_child(args, profile)
+        out = run_child(args, sample_to)
         return out, steps_of(run_dir)
 
 
@@ -153,19 +181,28 @@ def main() -> None:
             medians[mode] = ms
             print(f"{mode:<12} {ms:>8.3f} {GOAL_MS[mode]:>6.1f} {1000 / ms:>16.0f}")
         if args.parts:
-            for mode, url in modes.items():
-                out, _ = one_run(args.data, args.large, url, profile=True)
-                shares: dict[str, float] = {}
-                for key, t in out["self_s"].items():
-                    shares[part_of(key)] = shares.get(part_of(key), 0.0) + t
-                total = sum(shares.values())
-                print(f"\n{mode}: self time by part ({args.large} games, profiled), as ms/step:")
-                for name, t in sorted(shares.items(), key=lambda kv: -kv[1]):
-                    print(f"  {name:<18} {100 * t / total:5.1f}%  {medians[mode] * t / total:6.3f}")
-                top = sorted(out["self_s"].items(), key=lambda kv: -kv[1])[:15]
-                print("  top files/builtins by self time:")
-                for key, t in top:
-                    print(f"    {t:7.2f} s  {key[-90:]}")
+            with tempfile.TemporaryDirectory() as tmp:
+                for mode, url in modes.items():
+                    counts = []
+                    for n in (args.small, args.large):
+                        raw = Path(tmp) / f"{n}.txt"
+                        one_run(args.data, n, url, sample_to=raw)
+                        counts.append(sampled_parts(raw))
+                    (p_small, l_small), (p_large, l_large) = counts
+                    parts = {k: p_large.get(k, 0) - p_small.get(k, 0) for k in {*p_small, *p_large}}
+                    total = sum(parts.values()) or 1
+                    print(
+                        f"\n{mode}: marginal CPU by part (py-spy samples; shares of the cost above):"
+                    )
+                    for name, c in sorted(parts.items(), key=lambda kv: -kv[1]):
+                        ms = medians[mode] * c / total
+                        print(f"  {name:<18} {100 * c / total:5.1f}%  {ms:6.3f} ms")
+                    leaves = {
+                        k: l_large.get(k, 0) - l_small.get(k, 0) for k in {*l_small, *l_large}
+                    }
+                    print("  innermost frames with the most marginal samples:")
+                    for key, c in sorted(leaves.items(), key=lambda kv: -kv[1])[:20]:
+                        print(f"    {100 * c / total:5.1f}%  {key[-100:]}")
     finally:
         server.stop()
 
