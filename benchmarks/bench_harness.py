@@ -13,10 +13,11 @@ Printed, as medians of ``--repeats`` measured side by side in one run:
   served, beside the goals (0.5 ms and 1 ms);
 - steps a second one runner process could drive at that cost (1 / CPU per step), and the H100
   figure it must feed (~500 actor requests a second at batch 128);
-- with ``--parts`` (``pip install py-spy``): one more small and large run of each, sampled by
-  py-spy (the thread holding the GIL, 250 a second), the marginal samples split by part (the
-  scripted model itself, store, HTTP client, tokenization, env client, prompt building, event
-  loop, agent and engine, other), as shares applied to the unsampled cost.
+- with ``--parts`` (``pip install py-spy``): one more large run of each, sampled by py-spy (the
+  thread holding the GIL, 1,000 a second), start-up and the end report left out, the samples
+  split by part (the scripted model itself, store, HTTP client, tokenization, env client, prompt
+  building, event loop, agent and engine, other) as shares of the measured cost, and the
+  harness alone (the cost less the scripted model's share).
 
     python benchmarks/bench_harness.py [--data DIR] [--small 8] [--large 64] [--repeats 3] [--parts]
 """
@@ -51,8 +52,11 @@ print("BENCH " + json.dumps({"code": code, "cpu_s": u.ru_utime + u.ru_stime}))
 # What a frame of a sampled stack is part of, by its file; the innermost frame that names a part
 # decides (a generic frame, e.g. json or dataclasses, counts for the part of the frame that
 # called it). Checked in this order.
+FIXED = "start-up and report"  # once a run: imports, the end report's figures
+MODEL = "the model (scripted)"  # the stand-in for the GPU, not the harness
 PARTS = (
-    ("the model (scripted)", ("agents/llm/scripted.py",)),
+    (FIXED, ("<frozen importlib", "experiments/report.py", "matplotlib/")),
+    (MODEL, ("agents/llm/scripted.py",)),
     ("store (SQLite)", ("experiments/store.py", "sqlite3/")),
     ("HTTP client", ("httpx/", "httpcore/", "openai/", "h11/", "anyio/", "ssl.py", "socket.py",
                      "agents/llm/openai_backend.py", "agents/llm/deadline.py", "agents/llm/retry.py")),
@@ -67,6 +71,8 @@ PARTS = (
 
 def part_of(stack: list[str]) -> str:
     """The part a sampled stack (root first, ``func (file:line)`` frames) is spent in."""
+    if any(m in frame for frame in stack for m in PARTS[0][1]):
+        return FIXED
     for frame in reversed(stack):
         for name, marks in PARTS:
             if any(m in frame for m in marks):
@@ -183,24 +189,21 @@ def main() -> None:
         if args.parts:
             with tempfile.TemporaryDirectory() as tmp:
                 for mode, url in modes.items():
-                    counts = []
-                    for n in (args.small, args.large):
-                        raw = Path(tmp) / f"{n}.txt"
-                        one_run(args.data, n, url, sample_to=raw)
-                        counts.append(sampled_parts(raw))
-                    (p_small, l_small), (p_large, l_large) = counts
-                    parts = {k: p_large.get(k, 0) - p_small.get(k, 0) for k in {*p_small, *p_large}}
+                    raw = Path(tmp) / f"{mode}.txt"
+                    one_run(args.data, args.large, url, sample_to=raw)
+                    parts, leaves = sampled_parts(raw)
+                    fixed = parts.pop(FIXED, 0)
                     total = sum(parts.values()) or 1
                     print(
-                        f"\n{mode}: marginal CPU by part (py-spy samples; shares of the cost above):"
+                        f"\n{mode}: CPU by part ({args.large} games, py-spy; {fixed} samples of "
+                        f"start-up and the end report left out; shares of the cost above):"
                     )
                     for name, c in sorted(parts.items(), key=lambda kv: -kv[1]):
                         ms = medians[mode] * c / total
-                        print(f"  {name:<18} {100 * c / total:5.1f}%  {ms:6.3f} ms")
-                    leaves = {
-                        k: l_large.get(k, 0) - l_small.get(k, 0) for k in {*l_small, *l_large}
-                    }
-                    print("  innermost frames with the most marginal samples:")
+                        print(f"  {name:<20} {100 * c / total:5.1f}%  {ms:6.3f} ms")
+                    model = parts.get(MODEL, 0)
+                    print(f"  the harness alone: {medians[mode] * (total - model) / total:.3f} ms")
+                    print("  innermost frames with the most samples:")
                     for key, c in sorted(leaves.items(), key=lambda kv: -kv[1])[:20]:
                         print(f"    {100 * c / total:5.1f}%  {key[-100:]}")
     finally:

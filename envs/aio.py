@@ -25,6 +25,7 @@ class AsyncEnvPool:
         self._loop = loop
         self._waiting: dict[int, asyncio.Future[Outcome]] = {}
         self._watched: set[Any] = set()
+        self._watched_restarts = -1  # the pool's restarts when the readers were registered
         self._timer: asyncio.TimerHandle | None = None
 
     @property
@@ -53,20 +54,34 @@ class AsyncEnvPool:
         self._watch()
 
     def _watch(self) -> None:
-        """Wait on exactly what the pool is busy with now. Everything is re-registered each time:
-        a replaced worker's descriptor numbers may be reused by its successor."""
-        for fd in self._watched:
-            self.loop.remove_reader(fd)
-        self._watched = set(self.pool.waitables())
-        for fd in self._watched:
-            self.loop.add_reader(fd, self._collect)
+        """Wait on exactly what the pool is busy with now. The readers change only when the
+        busy descriptors do, or when a worker was replaced (its successor may reuse its
+        descriptor numbers); the timer only when the earliest deadline comes sooner (a timer
+        that fires early finds nothing and is set again)."""
+        watched = set(self.pool.waitables())
+        restarts = getattr(self.pool, "restarts", 0)
+        if watched != self._watched or restarts != self._watched_restarts:
+            for fd in self._watched:
+                self.loop.remove_reader(fd)
+            self._watched, self._watched_restarts = watched, restarts
+            for fd in self._watched:
+                self.loop.add_reader(fd, self._collect)
+        deadline = self.pool.next_deadline()
+        if deadline is None:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            return
+        when = self.loop.time() + max(0.0, deadline - time.monotonic()) + 0.01
+        if self._timer is not None and self._timer.when() <= when:
+            return  # it fires first: its _collect sets the next one
         if self._timer is not None:
             self._timer.cancel()
-            self._timer = None
-        deadline = self.pool.next_deadline()
-        if deadline is not None:
-            delay = max(0.0, deadline - time.monotonic()) + 0.01
-            self._timer = self.loop.call_later(delay, self._collect)
+        self._timer = self.loop.call_at(when, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._collect()
 
     def close(self) -> None:
         """Stop watching (the caller closes the pool)."""

@@ -21,16 +21,18 @@ first reset.
 from __future__ import annotations
 
 import importlib
+import math
 import multiprocessing
 import os
 import pickle
+import select
 import signal
 import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from typing import Any, Literal, Self
 
 from envs import ENV_KINDS
@@ -327,6 +329,24 @@ class SyncEnvPool(_PoolAPI):
 
 
 # -- worker processes -----------------------------------------------------------------------------
+_READABLE = select.POLLIN | select.POLLPRI | select.POLLHUP | select.POLLERR
+
+
+def readable(sources: Sequence[Any], timeout: float | None) -> list[Any]:
+    """Those of ``sources`` (connections, or file descriptors such as a process sentinel) that
+    can be read, or are closed, within ``timeout`` seconds (None: until one can): what
+    ``multiprocessing.connection.wait`` answers, with one ``poll`` call and no selector to build
+    (the engine asks this after every env call)."""
+    poller = select.poll()
+    by_fd: dict[int, Any] = {}
+    for source in sources:
+        fd = source if isinstance(source, int) else source.fileno()
+        by_fd[fd] = source
+        poller.register(fd, _READABLE)
+    ms = None if timeout is None else math.ceil(timeout * 1000)
+    return [by_fd[fd] for fd, _ in poller.poll(ms)]
+
+
 def _portable(exc: Exception) -> Exception:
     """The exception itself if it survives pickling, else a RuntimeError naming it."""
     if not isinstance(exc, EnvError):
@@ -614,7 +634,7 @@ class EnvPool(_PoolAPI):
         until = min(self._deadline(i) for i in active) - now
         if wait_s is not None:
             until = min(until, wait_s)
-        for index in {sources[obj] for obj in wait(list(sources), timeout=max(0.0, until))}:
+        for index in {sources[obj] for obj in readable(list(sources), max(0.0, until))}:
             if not self._drain(index):
                 self._replace(index, "died")
         now = time.monotonic()
@@ -635,7 +655,7 @@ class EnvPool(_PoolAPI):
         worker = self._workers[index]
         sent = self._sent[index]
         try:
-            while sent and worker.conn.poll():
+            while sent and readable([worker.conn], 0.0):
                 message = worker.conn.recv()
                 self._progress[index] = time.monotonic()
                 if message[0] == "ready":

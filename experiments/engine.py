@@ -7,9 +7,11 @@ module implements. An episode advances the moment its own model answer or env re
   (:class:`envs.aio.AsyncEnvPool`); a slow reset holds up only its own episode;
 - model requests reach the backend as they come (:class:`ModelClient`): a backend with its own
   scheduler (vLLM's async engine) gets every request at once and batches them continuously; an
-  HTTP backend gets each request in its own thread, at most ``max_in_flight`` at a time; any
-  other backend (llama.cpp, transformers, scripted) gets everything pending, one batch at a
-  time, the next batch formed from whatever arrived meanwhile;
+  HTTP backend gets each request in its own thread, at most ``max_in_flight`` at a time; a
+  backend that answers at once (``scheduling = "inline"``: the scripted policies) is called on
+  the loop itself, as an async engine's submission is; any other backend (llama.cpp,
+  transformers) gets everything pending, one batch at a time, the next batch formed from
+  whatever arrived meanwhile;
 - a request that fails after the backend's retries fails its own episode (an infrastructure
   error, retried on ``--resume``; its traceback is kept in the store's ``episode_errors``) and
   nothing else; a dead env worker's episode is re-simulated from its recorded actions and
@@ -97,8 +99,8 @@ class ModelClient:
         self.max_in_flight = max(1, max_in_flight)
         if isinstance(backend, AsyncBackend):
             self.mode = "async"
-        elif getattr(backend, "scheduling", "batch") == "per_request":
-            self.mode = "per_request"
+        elif getattr(backend, "scheduling", "batch") in ("per_request", "inline"):
+            self.mode = backend.scheduling  # type: ignore[attr-defined]
         else:
             self.mode = "batch"
         workers = self.max_in_flight if self.mode == "per_request" else 1
@@ -114,6 +116,11 @@ class ModelClient:
             agenerate = self.backend.agenerate  # type: ignore[attr-defined]
             result: Completion = await agenerate(request)
             return result
+        if self.mode == "inline":  # answers at once: no thread to hand it to
+            (answer,) = self._answer([request])
+            if isinstance(answer, BaseException):
+                raise answer
+            return answer
         loop = asyncio.get_running_loop()
         if self.mode == "per_request":
             answers = await loop.run_in_executor(self._threads, self.backend.generate, [request])

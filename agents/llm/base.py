@@ -196,7 +196,9 @@ class Backend(Protocol):
 
     A backend that talks to a server over HTTP sets ``scheduling = "per_request"``: the engine
     then sends each request on its own as it comes (in threads, bounded), so a slow answer holds
-    up only its own episode. Others get whatever is pending, one batch at a time.
+    up only its own episode. One that answers at once, with no I/O and no model to wait for
+    (the scripted policies), sets ``scheduling = "inline"``: the engine calls it on its event
+    loop. Others get whatever is pending, one batch at a time.
     """
 
     name: str

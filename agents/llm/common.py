@@ -20,7 +20,8 @@ from __future__ import annotations
 import importlib
 import logging
 import re
-from collections.abc import Callable, Iterable, Sequence
+import threading
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any, Literal
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
@@ -244,11 +245,41 @@ def opt_bool(backend: str, name: str, value: Any) -> bool:
 
 
 _WORD = re.compile(r"\w+|[^\w\s]")
+_WORD_CHAR = re.compile(r"\w")
 
 
 def rough_token_count(text: str) -> int:
     """Words and punctuation marks: a stand-in count for backends without a tokenizer."""
     return len(_WORD.findall(text))
+
+
+class PrefixTokenCount:
+    """:func:`rough_token_count` of texts that mostly extend the last one of their key (an
+    episode's prompts): only the new tail is counted. Exact: a word split at the join is one
+    token, counted once. Keeps the last text of at most ``keys`` keys."""
+
+    def __init__(self, keys: int = 4096) -> None:
+        self.keys = keys
+        self._last: dict[Hashable, tuple[str, int]] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, key: Hashable, text: str) -> int:
+        with self._lock:
+            last = self._last.get(key)
+        if last is not None and text.startswith(last[0]):
+            before, count = last
+            tail = text[len(before) :]
+            count += rough_token_count(tail)
+            if before and tail and _WORD_CHAR.match(before[-1]) and _WORD_CHAR.match(tail[0]):
+                count -= 1  # one word across the join
+        else:
+            count = rough_token_count(text)
+        with self._lock:
+            self._last.pop(key, None)
+            self._last[key] = (text, count)
+            if len(self._last) > self.keys:
+                del self._last[next(iter(self._last))]  # the least recently counted
+        return count
 
 
 def sampling_dict(request: Request) -> dict[str, Any]:

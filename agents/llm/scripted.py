@@ -82,6 +82,7 @@ from agents.llm.base import (
 from agents.llm.common import (
     CHAT_FORMATS,
     CONTINUE_INSTRUCTION,
+    PrefixTokenCount,
     request_messages,
     rough_token_count,
     sampling_dict,
@@ -311,6 +312,7 @@ class ScriptedBackend:
     """A policy behind the Backend interface; see the module docstring."""
 
     grounding = "scripted policy picks from the constraint's actions"
+    scheduling = "inline"  # answers at once: the engine calls it on its loop
 
     def __init__(
         self,
@@ -338,6 +340,7 @@ class ScriptedBackend:
         self.ground_truth = ground_truth
         self._db: sqlite3.Connection | None = None
         self._lock = threading.Lock()
+        self._prompt_tokens = PrefixTokenCount()  # an episode's prompts extend each other
         self.run_dir: Path | None = None
         if kind == "replay":
             self.run_dir = Path(arg)
@@ -374,7 +377,7 @@ class ScriptedBackend:
         return Completion(
             text=texts[0],
             finish_reason="stop",
-            prompt_tokens=rough_token_count(prompt),
+            prompt_tokens=self._prompt_tokens((request.site.episode, request.purpose), prompt),
             completion_tokens=sum(rough_token_count(t) for t in texts),
             sent=self._sent(request),
             alternatives=tuple(texts[1:]),
