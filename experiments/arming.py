@@ -51,6 +51,11 @@ def backend_options(cfg: RunConfig, role: str = "actor") -> dict[str, Any]:
     if cfg.models.chat_format:
         options["chat_format"] = cfg.models.chat_format
     options.update(role_options_of(cfg.models.role_options, role))
+    spec = own_models(cfg).get(role, cfg.models.model)
+    if options.get("base_url") and parse_spec(spec).kind in ("openai", "vllm"):
+        # a server of the user's (or --serve's): as many requests in flight as the run has
+        # episodes (the client's own default, 8, would cap a GPU's batch at 8)
+        options.setdefault("concurrency", max(cfg.execution.concurrency, 8))
     sent_first = layout_kind(cfg).chat_instruction
     if sent_first is not None and role == "actor":  # the layout's, unless the user set one
         options.setdefault("chat_instruction", sent_first)

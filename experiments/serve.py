@@ -248,7 +248,6 @@ def served_config(cfg: RunConfig, port: int) -> RunConfig:
     completions endpoint as text, as in process; a ``chat_format`` that wraps them (user,
     prefill) sends them to the chat endpoint instead, and ``raw`` is the completions text."""
     options = dict(cfg.models.backend_options)
-    options.setdefault("concurrency", max(cfg.execution.concurrency, 8))
     options.setdefault("max_retries", RESTART_RETRIES)
     options.setdefault("backoff_max", RESTART_BACKOFF_MAX_S)
     if cfg.server.serve_data_parallel > 1:

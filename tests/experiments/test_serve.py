@@ -197,6 +197,29 @@ def test_served_config_checks():
         backend.close()
 
 
+def test_a_local_server_gets_as_many_requests_in_flight_as_the_run_has_episodes(monkeypatch):
+    """With ``--base-url`` (or ``--serve``) the client sends up to ``--concurrency`` requests
+    at once: its own default of 8 would cap a GPU's batch at 8. api.openai.com keeps 8; an
+    option the user gave wins."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    cases = (
+        (dict(model="vllm:m", base_url="http://127.0.0.1:9/v1"), 128),
+        (dict(model="openai:m", base_url="http://127.0.0.1:9/v1"), 128),
+        (dict(model="vllm:m", serve=True), 128),
+        (dict(model="openai:m"), 8),
+        (dict(model="openai:m", base_url="http://127.0.0.1:9/v1", backend_options={"concurrency": 3}), 3),
+    )  # fmt: skip
+    for given, width in cases:
+        cfg = RunConfig.of(concurrency=128, **given)
+        if cfg.server.serve:
+            cfg = served_config(cfg, 8123)
+        backend = make_backend(cfg.models.model, **backend_options(cfg))
+        try:
+            assert backend.describe()["concurrency"] == width, given
+        finally:
+            backend.close()
+
+
 def test_the_server_commands_keep_vllms_own_sampling_defaults_and_report_cached_tokens():
     """vLLM's default ``--generation-config auto`` would take repetition_penalty, top_k, ... from
     the model's generation_config.json for what a request leaves out (in process they are never
