@@ -15,7 +15,9 @@ so is a ``base_url`` server that answers a wrapped prompt with ``404`` (it has n
 the prompt is never sent elsewhere than where the run's config says. ``describe()`` records the
 endpoint (``api``) and the ``chat_format`` of what was sent (``"raw"`` for completions).
 
-Requests of a batch are sent concurrently by a thread pool (``concurrency``, default 8). The
+Requests of a batch are sent concurrently by a thread pool (``concurrency``, default 8); a lone
+request (the engine sends each on its own, from a thread of its own) is sent from the caller's
+thread, at most ``concurrency`` at once. The
 SDK's own retries are off; :mod:`agents.llm.retry` retries timeouts, 429 (honouring
 Retry-After), 5xx, dropped connections and malformed JSON, counts them in
 ``Completion.retries`` (and in a failed request's ``BackendError.retries``) and logs them on
@@ -75,6 +77,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -226,6 +229,7 @@ class OpenAIBackend:
             http_client=self._guard.http_client(openai),
         )
         self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="openai")
+        self._width = threading.BoundedSemaphore(self.concurrency)
 
     def __repr__(self) -> str:
         return f"OpenAIBackend(name={self.name!r}, base_url={safe_url(self.base_url)!r})"
@@ -269,6 +273,9 @@ class OpenAIBackend:
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
         indexed = list(enumerate(requests))
         try:
+            if len(indexed) == 1:  # the engine's way: one request, in a thread of its own already
+                with self._width:  # at most ``concurrency`` in flight, as through the pool
+                    return [self._one(*indexed[0])]
             return concurrent_map(lambda item: self._one(*item), indexed, self._pool)
         except _NoChatEndpoint as exc:
             raise SpecError(str(exc)) from None  # the run's config, not a request, is wrong
