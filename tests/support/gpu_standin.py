@@ -33,16 +33,20 @@ plus one for the stop a model writes at the end of its answer.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import hashlib
 import re
 import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.llm.base import CallSite, GenerationConfig, Request
+from agents.llm.base import CallSite, Completion, GenerationConfig, Request
+from agents.llm.ground_truth import NO_GROUND_TRUTH, GroundTruth
 from agents.llm.markers import TASK_LINE
 from agents.llm.scripted import ScriptedBackend
 from tests.support.fault_server import FaultPlan, FaultServer
@@ -415,7 +419,9 @@ def actor_load(
 
 class LiveEngine:
     """An :class:`Engine` in real time: each iteration lasts its simulated time times
-    ``time_scale``; :meth:`complete` blocks its thread until its answers are generated."""
+    ``time_scale``; :meth:`complete` blocks its thread until its answers are generated,
+    :meth:`submit` returns a future of them. ``timeline`` keeps every iteration's wall start,
+    end and sequences (``time.monotonic()``)."""
 
     def __init__(
         self, preset: GpuPreset, *, time_scale: float = 1.0, kv_capacity_tokens: int | None = None
@@ -425,26 +431,48 @@ class LiveEngine:
         self.engine = Engine(preset, kv_capacity_tokens=kv_capacity_tokens)
         self.time_scale = time_scale
         self._cond = threading.Condition()
-        self._done: set[int] = set()
+        self._waiting: dict[int, tuple[Future[tuple[int, int, int]], list[Seq]]] = {}
         self._stopped = False
+        self.timeline: list[tuple[float, float, int]] = []
+        self.cpu_s = 0.0  # CPU the simulator's own thread spent (not the GPU's time)
         self._started = time.monotonic()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="gpu-standin")
         self._thread.start()
 
     def complete(self, prompt: str, answers: list[str]) -> tuple[int, int, int]:
         """(prompt, completion, cached) tokens once every answer to ``prompt`` is generated."""
+        return self.submit(prompt, answers).result()
+
+    def submit(self, prompt: str, answers: list[str]) -> Future[tuple[int, int, int]]:
+        """:meth:`complete`'s counts, as a future (an error once the engine is stopped)."""
         tokens = tokens_of(prompt)
+        future: Future[tuple[int, int, int]] = Future()
         with self._cond:
+            if self._stopped:
+                future.set_exception(RuntimeError("the GPU stand-in is stopped"))
+                return future
             seqs = [self.engine.add(tokens, [*tokens_of(a), "<stop>"]) for a in answers]
+            for seq in seqs:
+                self._waiting[seq.rid] = (future, seqs)
             self._cond.notify_all()
-            self._cond.wait_for(lambda: self._stopped or {s.rid for s in seqs} <= self._done)
-            self._done -= {s.rid for s in seqs}
-        cached = seqs[0].cached_tokens or 0
-        return len(tokens), sum(s.out_len for s in seqs), cached
+        return future
+
+    def _settle(self, finished: tuple[Seq, ...]) -> None:
+        """Resolve the futures whose every answer is now generated."""
+        ready = []
+        with self._cond:
+            for seq in finished:
+                future, seqs = self._waiting.pop(seq.rid)
+                if not any(s.rid in self._waiting for s in seqs):
+                    ready.append((future, seqs))
+        for future, seqs in ready:
+            prompt = seqs[0].prompt_len
+            future.set_result((prompt, sum(s.out_len for s in seqs), seqs[0].cached_tokens or 0))
 
     def _loop(self) -> None:
         deadline = time.monotonic()
         while True:
+            self.cpu_s = time.thread_time()
             with self._cond:
                 self._cond.wait_for(lambda: self._stopped or not self.engine.idle())
                 if self._stopped:
@@ -452,11 +480,11 @@ class LiveEngine:
                 step = self.engine.step()
             if step is None:
                 continue
-            deadline = max(deadline, time.monotonic()) + step.duration_s * self.time_scale
+            began = max(deadline, time.monotonic())
+            deadline = began + step.duration_s * self.time_scale
             time.sleep(max(0.0, deadline - time.monotonic()))
-            with self._cond:
-                self._done.update(s.rid for s in step.finished)
-                self._cond.notify_all()
+            self.timeline.append((began, deadline, step.seqs))
+            self._settle(step.finished)
 
     def stats(self) -> dict[str, Any]:
         """The engine's counts, its busy time in simulated and wall seconds, and the busy
@@ -475,7 +503,11 @@ class LiveEngine:
     def stop(self) -> None:
         with self._cond:
             self._stopped = True
+            waiting = {id(f): f for f, _ in self._waiting.values()}
+            self._waiting.clear()
             self._cond.notify_all()
+        for future in waiting.values():
+            future.set_exception(RuntimeError("the GPU stand-in was stopped"))
         self._thread.join(timeout=5)
 
 
@@ -529,3 +561,41 @@ def standin_server(
     Start it with ``with standin_server(...) as server:``."""
     live = LiveEngine(preset, time_scale=time_scale, kv_capacity_tokens=kv_capacity_tokens)
     return FaultServer(FaultPlan(), answer=text_policy(policy), engine=live, port=port)
+
+
+class StandinBackend:
+    """The stand-in in process, as vLLM's async engine is: an async backend whose answers are a
+    scripted policy's (read from the request's call site, as the in-process ``scripted:``
+    backend reads it) and whose timing is ``live``'s."""
+
+    def __init__(
+        self, live: LiveEngine, policy: str = "random", ground_truth: GroundTruth = NO_GROUND_TRUTH
+    ) -> None:
+        self.name = f"standin:{policy}"
+        self.live = live
+        self.policy = ScriptedBackend(policy, ground_truth=ground_truth)
+
+    def describe(self) -> dict[str, Any]:
+        return {"spec": self.name, "backend": "standin", "preset": self.live.engine.preset.name}
+
+    async def agenerate(self, request: Request) -> Completion:
+        started = time.perf_counter()
+        (answer,) = self.policy.generate([request])
+        prompt = request.prompt if request.prompt is not None else ""
+        if request.messages is not None:
+            prompt = "\n".join(m.content for m in request.messages)
+        texts = [answer.text, *answer.alternatives]
+        counts = await asyncio.wrap_future(self.live.submit(prompt, texts))
+        return dataclasses.replace(
+            answer,
+            prompt_tokens=counts[0],
+            completion_tokens=counts[1],
+            cached_tokens=counts[2],
+            latency_s=time.perf_counter() - started,
+        )
+
+    def generate(self, requests: list[Request]) -> list[Completion]:
+        return [asyncio.run(self.agenerate(r)) for r in requests]
+
+    def close(self) -> None:
+        self.policy.close()

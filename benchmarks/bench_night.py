@@ -1,0 +1,199 @@
+"""A night against the GPU stand-in: how busy the harness keeps one simulated H100.
+
+Reflexion (``--trials`` 3) on the valid_seen games, ``--concurrency`` 128 and 256 episodes in
+flight, against the GPU stand-in of ``tests/support/gpu_standin.py`` (the 8B/H100 preset, its
+iterations lasting their simulated time times ``--time-scale``; answers from
+``scripted:random``):
+
+- served: the stand-in behind its OpenAI-compatible server (in this process), the runner in a
+  child with ``--model openai:standin --base-url``;
+- in process: the stand-in as an async backend inside the runner's process, as vLLM's async
+  engine is (the runner is the same command, its ``scripted:random`` backend swapped for it).
+
+Printed per mode and concurrency, as medians of ``--repeats``:
+
+- GPU-busy fraction: time with a non-empty batch over the run's wall time, and over the part
+  before the final tail (the tail starts when the batch last held half the concurrency);
+- wall time against the bound: max(the stand-in's own busy time, the longest chain of one
+  game's calls, answered one after the other);
+- where the GPU idles: start-up (before the first request), gaps while the batch is full
+  (trial ends, reflections, resets: the harness not keeping up), the tail, and the end (after
+  the last answer: the report);
+- the runner's CPU per step (all of it, start-up included; the stand-in's own thread left out
+  in process) and steps a second. ``bench_harness.py`` splits the marginal cost by part.
+
+``--time-scale`` makes the simulated GPU slower (> 1) or faster (< 1) than an H100: the busy
+fraction means something only when the GPU's demand is within what this machine's cores can
+feed (the env workers and the runner share them).
+
+    python benchmarks/bench_night.py [--data DIR] [--games 140] [--trials 3] [--time-scale 4]
+        [--concurrency 128 256] [--repeats 3] [--modes served inproc]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from timing import data_parser
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the stand-in: tests/support
+
+SPLIT = "eval_in_distribution"
+
+# The child: the command line's entry; in process with the stand-in as its model backend.
+CHILD = r"""
+import json, resource, sys, time
+args, inproc, preset, scale = json.loads(sys.argv[1])
+live = None
+if inproc:
+    import experiments.runner as runner
+    from tests.support.gpu_standin import LiveEngine, StandinBackend, PRESETS
+    live = LiveEngine(PRESETS[preset], time_scale=scale)
+    made = runner.make_backend
+    def make_backend(spec, **options):
+        if spec.startswith("scripted:"):
+            return StandinBackend(live, spec.split(":", 1)[1], options.get("ground_truth"))
+        return made(spec, **options)
+    runner.make_backend = make_backend
+from experiments.cli import main
+began = time.monotonic()
+code = main(args)
+ended = time.monotonic()
+u = resource.getrusage(resource.RUSAGE_SELF)
+out = {"code": code, "cpu_s": u.ru_utime + u.ru_stime, "began": began, "ended": ended}
+if live is not None:
+    live.stop()
+    out["standin_cpu_s"] = live.cpu_s
+    out["timeline"] = live.timeline
+print("BENCH " + json.dumps(out))
+"""
+
+
+def run_child(args: list[str], inproc: bool, preset: str, scale: float) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    payload = json.dumps([args, inproc, preset, scale])
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, payload], capture_output=True, text=True, cwd=ROOT, env=env
+    )
+    line = next((x for x in done.stdout.splitlines() if x.startswith("BENCH ")), None)
+    if done.returncode != 0 or line is None:
+        raise SystemExit(f"the runner failed ({done.returncode}): {done.stderr[-3000:]}")
+    out = json.loads(line[len("BENCH ") :])
+    if out["code"] != 0:
+        raise SystemExit(f"the runner exited {out['code']}: {done.stderr[-3000:]}")
+    return out
+
+
+def chain_and_steps(run_dir: Path) -> tuple[float, int]:
+    """The longest chain of one game's calls (their latencies summed) and the steps played."""
+    from experiments.store import RunReader
+
+    with RunReader(run_dir) as reader:
+        per_game: dict[str, float] = {}
+        for call in reader.model_calls():
+            per_game[call.game] = per_game.get(call.game, 0.0) + call.latency_s
+        steps = sum(len(reader.steps(e.episode_id)) for e in reader.episodes())
+    return max(per_game.values(), default=0.0), steps
+
+
+def measure(out: dict, timeline: list, concurrency: int, chain: float, steps: int) -> dict:
+    """The run's figures from the stand-in's iterations (wall start, end, sequences)."""
+    wall = out["ended"] - out["began"]
+    busy = sum(e - s for s, e, _ in timeline)
+    first, last = timeline[0][0], timeline[-1][1]
+    full = [e for s, e, n in timeline if n >= concurrency / 2]
+    tail = max(full) if full else first
+    before_tail = sum(min(e, tail) - s for s, e, _ in timeline if s < tail)
+    cpu = out["cpu_s"] - out.get("standin_cpu_s", 0.0)
+    bound = max(busy, chain)
+    return {
+        "busy": busy / wall,
+        "busy_before_tail": before_tail / (tail - first) if tail > first else 0.0,
+        "wall_s": wall,
+        "bound_s": bound,
+        "wall_over_bound": wall / bound if bound else 0.0,
+        "idle_startup_s": first - out["began"],
+        "idle_gaps_s": (tail - first) - before_tail,
+        "idle_tail_s": (last - tail) - (busy - before_tail),
+        "idle_end_s": out["ended"] - last,
+        "cpu_ms_per_step": 1000 * cpu / steps,
+        "steps_per_s": steps / wall,
+        "steps": steps,
+    }
+
+
+def one_run(cfg: dict, mode: str, concurrency: int) -> dict:
+    from tests.support.fault_server import FaultPlan, FaultServer
+    from tests.support.gpu_standin import PRESETS, LiveEngine, text_policy
+
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = Path(tmp) / "run"
+        args = [
+            "run", "--agent", "reflexion", "--data", str(cfg["data"]), "--split", SPLIT,
+            "--games", str(cfg["games"]), "--trials", str(cfg["trials"]),
+            "--max-steps", str(cfg["max_steps"]), "--concurrency", str(concurrency),
+            "--workers", str(cfg["workers"]), "--run-dir", str(run_dir),
+        ]  # fmt: skip
+        if mode == "inproc":
+            out = run_child(
+                [*args, "--model", "scripted:random"], True, cfg["preset"], cfg["scale"]
+            )
+            timeline = out["timeline"]
+        else:
+            live = LiveEngine(PRESETS[cfg["preset"]], time_scale=cfg["scale"])
+            server = FaultServer(FaultPlan(), answer=text_policy("random"), engine=live).start()
+            try:
+                served = [*args, "--model", "openai:standin", "--base-url", server.url]
+                out = run_child(served, False, cfg["preset"], cfg["scale"])
+            finally:
+                server.stop()
+                live.stop()
+            timeline = live.timeline
+        chain, steps = chain_and_steps(run_dir)
+    return measure(out, timeline, concurrency, chain, steps)
+
+
+def main() -> None:
+    parser = data_parser(__doc__, ROOT)
+    parser.add_argument("--games", type=int, default=140)
+    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--max-steps", type=int, default=20)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--preset", default="h100-8b")
+    parser.add_argument("--time-scale", type=float, default=4.0)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[128, 256])
+    parser.add_argument("--modes", nargs="+", default=["served", "inproc"])
+    parser.add_argument("--repeats", type=int, default=3)
+    a = parser.parse_args()
+    cfg = {
+        "data": a.data, "games": a.games, "trials": a.trials, "max_steps": a.max_steps,
+        "workers": a.workers, "preset": a.preset, "scale": a.time_scale,
+    }  # fmt: skip
+    results: dict[tuple[str, int], list[dict]] = {}
+    for _ in range(a.repeats):  # side by side: every setting in each repeat
+        for mode in a.modes:
+            for c in a.concurrency:
+                r = one_run(cfg, mode, c)
+                results.setdefault((mode, c), []).append(r)
+                print(f"  {mode} c={c}: " + ", ".join(f"{k} {v:.3g}" for k, v in r.items()))
+    print(
+        f"\n{a.games} games x {a.trials} trials, Reflexion, {a.preset} x{a.time_scale:g} "
+        f"time scale, medians of {a.repeats}:"
+    )
+    keys = ["busy", "busy_before_tail", "wall_s", "bound_s", "wall_over_bound", "idle_startup_s",
+            "idle_gaps_s", "idle_tail_s", "idle_end_s", "cpu_ms_per_step", "steps_per_s"]  # fmt: skip
+    print(f"{'':<14}" + "".join(f"{k:>17}" for k in keys))
+    for (mode, c), rs in results.items():
+        row = [statistics.median(r[k] for r in rs) for k in keys]
+        print(f"{mode + ' ' + str(c):<14}" + "".join(f"{v:>17.3f}" for v in row))
+
+
+if __name__ == "__main__":
+    main()
