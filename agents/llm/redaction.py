@@ -17,6 +17,7 @@ pass it again (:data:`REDACTED`).
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -61,7 +62,12 @@ def secret_name(name: object) -> bool:
     """Whether an option or key named ``name`` holds a secret (``api_key``, ``x-api-key``,
     ``apiKey``, ``HF_TOKEN``, ``--password``, ``reflect.client_secret``), not a count or a
     reference to one (``max_tokens``, ``api_key_env``)."""
-    words = [w.lower() for w in _WORD.findall(str(name))]
+    return _secret_name(name if isinstance(name, str) else str(name))
+
+
+@functools.lru_cache(maxsize=4096)  # every recorded request asks again for the same keys
+def _secret_name(name: str) -> bool:
+    words = [w.lower() for w in _WORD.findall(name)]
     if not words or words[-1] == "env":
         return False
     return any(w in SECRET_WORDS for w in words)
