@@ -10,8 +10,8 @@ start-up, imports and the game loads of the first resets fall out.
 Printed, as medians of ``--repeats`` measured side by side in one run:
 
 - runner CPU per step (user + system, ``getrusage(RUSAGE_SELF)`` of the child), in process and
-  served, beside the goals (0.5 ms and 1 ms); and the env workers' CPU per step beside it
-  (``RUSAGE_CHILDREN``: the workers are reaped when the run ends);
+  served, beside the goals (0.5 ms and 1 ms) (the env workers' own CPU, ~4 ms an ALFWorld step,
+  is ``bench_fast_step.py``'s);
 - steps a second one runner process could drive at that cost (1 / CPU per step), and the H100
   figure it must feed (~500 actor requests a second at batch 128);
 - with ``--parts`` (``pip install py-spy``): one more large run of each, sampled by py-spy (the
@@ -47,9 +47,7 @@ import json, resource, sys
 from experiments.cli import main
 code = main(json.loads(sys.argv[1]))
 u = resource.getrusage(resource.RUSAGE_SELF)
-c = resource.getrusage(resource.RUSAGE_CHILDREN)  # the env workers, reaped at the run's end
-out = {"code": code, "cpu_s": u.ru_utime + u.ru_stime, "env_cpu_s": c.ru_utime + c.ru_stime}
-print("BENCH " + json.dumps(out))
+print("BENCH " + json.dumps({"code": code, "cpu_s": u.ru_utime + u.ru_stime}))
 """
 
 # What a frame of a sampled stack is part of, by its file; the innermost frame that names a part
@@ -168,13 +166,11 @@ def main() -> None:
     try:
         modes = {"in process": None, "served": server.url}
         per_step: dict[str, list[float]] = {m: [] for m in modes}
-        env_step: list[float] = []
         for _ in range(args.repeats):  # side by side: each repeat runs every mode
             for mode, url in modes.items():
                 small, n_small = one_run(args.data, args.small, url)
                 large, n_large = one_run(args.data, args.large, url)
                 per_step[mode].append((large["cpu_s"] - small["cpu_s"]) / (n_large - n_small))
-                env_step.append((large["env_cpu_s"] - small["env_cpu_s"]) / (n_large - n_small))
                 print(
                     f"  {mode}: {args.small} games {n_small} steps {small['cpu_s']:.2f} s CPU, "
                     f"{args.large} games {n_large} steps {large['cpu_s']:.2f} s CPU",
@@ -191,8 +187,6 @@ def main() -> None:
             ms = statistics.median(xs) * 1000
             medians[mode] = ms
             print(f"{mode:<12} {ms:>8.3f} {GOAL_MS[mode]:>6.1f} {1000 / ms:>16.0f}")
-        env_ms = statistics.median(env_step) * 1000
-        print(f"the env workers' CPU per step beside it (both modes): {env_ms:.3f} ms")
         if args.parts:
             with tempfile.TemporaryDirectory() as tmp:
                 for mode, url in modes.items():
