@@ -33,6 +33,18 @@ class StepTaker(Protocol):
 
 
 @dataclass(frozen=True)
+class FailedEpisode:
+    """What a reflection is written on: the failed episode's first observation and steps, the
+    window of the task's earlier reflections, and the trial's counts (when the layout reads
+    them)."""
+
+    observation: str
+    steps: Sequence[Step]
+    past: Sequence[str] = ()
+    summary: TrialSummary | None = None
+
+
+@dataclass(frozen=True)
 class ReflectionAsk:
     """A reflection request's text, its stop strings, and how its answer is kept: ``free``
     (stripped), ``critique`` (a JSON critique, rendered) or ``as-written``."""
@@ -69,17 +81,9 @@ class PromptLayout:
         """The fixed part before the first observation (``compose``: the memory policy's)."""
         return compose()
 
-    def reflection(
-        self,
-        observation: str,
-        steps: Sequence[Step],
-        past: Sequence[str],
-        summary: TrialSummary | None,
-        compose: Callable[[], ReflectionAsk],
-    ) -> ReflectionAsk:
-        """The reflection request on a failed episode (``past``: the window of the task's
-        earlier reflections; ``summary``: the trial's counts, when read; ``compose``: the
-        reflection format's own request)."""
+    def reflection(self, on: FailedEpisode, compose: Callable[[], ReflectionAsk]) -> ReflectionAsk:
+        """The reflection request on a failed episode (``compose``: the reflection format's
+        own request)."""
         return compose()
 
 

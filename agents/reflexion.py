@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from agents.episode import ModelPort
 from agents.experience import Shown, rules_block
 from agents.explore import extract_facts
-from agents.layout import REACT, PromptLayout, ReflectionAsk
+from agents.layout import REACT, FailedEpisode, PromptLayout, ReflectionAsk
 from agents.llm.base import CallSite, GenerationConfig, Request
 from agents.prompting import (
     actor_prefix,
@@ -205,7 +205,8 @@ async def reflect(
             return ReflectionAsk(text, ("\n\n",), keep="critique")
         return ReflectionAsk(reflection_prompt(observation, history), REFLECTION_STOPS)
 
-    ask = settings.layout.reflection(observation, steps, [r.text for r in past], summary, compose)
+    on = FailedEpisode(observation, steps, [r.text for r in past], summary)
+    ask = settings.layout.reflection(on, compose)
     prompt, stop, critique = ask.prompt, ask.stop, ask.keep == "critique"
     config = GenerationConfig(
         temperature=0.0, max_tokens=settings.reflect_max_tokens, stop=stop, seed=settings.seed

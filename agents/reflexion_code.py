@@ -36,7 +36,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agents.layout import PromptLayout, ReflectionAsk, StepTaker
+from agents.layout import FailedEpisode, PromptLayout, ReflectionAsk, StepTaker
 from agents.parsing import put_to_move
 from agents.prompting import PromptFileError, load_original_prompts, read_user_text
 from memory.records import EnvReply, Step, StepKind
@@ -279,16 +279,9 @@ class CodeLayout(PromptLayout):
     def prefix(self, task_type: str, reflections: Sequence[str], compose: Callable[[], str]) -> str:
         return actor_prefix(self.files(), task_type, reflections)
 
-    def reflection(
-        self,
-        observation: str,
-        steps: Sequence[Step],
-        past: Sequence[str],
-        summary: TrialSummary | None,
-        compose: Callable[[], ReflectionAsk],
-    ) -> ReflectionAsk:
-        pairs = [(s.action, s.observation) for s in steps]
-        prompt = reflection_prompt(self.files(), observation, pairs, past, summary)
+    def reflection(self, on: FailedEpisode, compose: Callable[[], ReflectionAsk]) -> ReflectionAsk:
+        pairs = [(s.action, s.observation) for s in on.steps]
+        prompt = reflection_prompt(self.files(), on.observation, pairs, on.past, on.summary)
         return ReflectionAsk(prompt, (), keep="as-written")
 
     async def act(

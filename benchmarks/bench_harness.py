@@ -26,14 +26,12 @@ Printed, as medians of ``--repeats`` measured side by side in one run:
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from timing import data_parser
+from timing import child_result, data_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the loopback server: tests/support
@@ -83,33 +81,14 @@ def part_of(stack: list[str]) -> str:
 
 def run_child(args: list[str], sample_to: Path | None = None) -> dict:
     """Run the command in a child; with ``sample_to``, under py-spy (its raw stacks there)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-c", CHILD, json.dumps(args)]
     if sample_to is not None:
         spy = Path(sys.executable).with_name("py-spy")
         if not spy.exists():
             raise SystemExit("--parts samples with py-spy: pip install py-spy")
-        cmd = [
-            str(spy),
-            "record",
-            "--gil",
-            "-r",
-            "250",
-            "-f",
-            "raw",
-            "-o",
-            str(sample_to),
-            "--",
-            *cmd,
-        ]
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, check=False)
-    line = next((x for x in done.stdout.splitlines() if x.startswith("BENCH ")), None)
-    if done.returncode != 0 or line is None:
-        raise SystemExit(f"the runner failed ({done.returncode}): {done.stderr[-2000:]}")
-    out = json.loads(line[len("BENCH ") :])
-    if out["code"] != 0:
-        raise SystemExit(f"the runner exited {out['code']}: {done.stderr[-2000:]}")
-    return out
+        sampling = ["record", "--gil", "-r", "1000", "-f", "raw", "-o", str(sample_to), "--"]
+        cmd = [str(spy), *sampling, *cmd]
+    return child_result(cmd, ROOT)
 
 
 def sampled_parts(raw: Path) -> tuple[dict[str, int], dict[str, int]]:

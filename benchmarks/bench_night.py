@@ -33,14 +33,12 @@ feed (the env workers and the runner share them).
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from timing import data_parser
+from timing import child_result, data_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the stand-in: tests/support
@@ -77,18 +75,8 @@ print("BENCH " + json.dumps(out))
 
 
 def run_child(args: list[str], inproc: bool, preset: str, scale: float) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     payload = json.dumps([args, inproc, preset, scale])
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD, payload], capture_output=True, text=True, cwd=ROOT, env=env
-    )
-    line = next((x for x in done.stdout.splitlines() if x.startswith("BENCH ")), None)
-    if done.returncode != 0 or line is None:
-        raise SystemExit(f"the runner failed ({done.returncode}): {done.stderr[-3000:]}")
-    out = json.loads(line[len("BENCH ") :])
-    if out["code"] != 0:
-        raise SystemExit(f"the runner exited {out['code']}: {done.stderr[-3000:]}")
-    return out
+    return child_result([sys.executable, "-c", CHILD, payload], ROOT)
 
 
 def chain_and_steps(run_dir: Path) -> tuple[float, int]:

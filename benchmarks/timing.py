@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,3 +32,18 @@ def data_parser(doc: str | None, root: Path) -> argparse.ArgumentParser:
     shared = root.parent / "shared" / "alfworld_data"
     parser.add_argument("--data", type=Path, default=Path(os.environ.get("ALFWORLD_DATA", shared)))
     return parser
+
+
+def child_result(cmd: list[str], root: Path) -> dict[str, Any]:
+    """Run a benchmark's child (``cmd``, in ``root`` with ``root`` on its path) and return the
+    JSON of the line it printed starting ``BENCH ``; a child that failed, or whose run exited
+    non-zero (``code``), stops the benchmark with the end of its error output."""
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=root, env=env, check=False)
+    line = next((x for x in done.stdout.splitlines() if x.startswith("BENCH ")), None)
+    if done.returncode != 0 or line is None:
+        raise SystemExit(f"the runner failed ({done.returncode}): {done.stderr[-3000:]}")
+    out: dict[str, Any] = json.loads(line[len("BENCH ") :])
+    if out.get("code", 0) != 0:
+        raise SystemExit(f"the runner exited {out['code']}: {done.stderr[-3000:]}")
+    return out
