@@ -26,8 +26,11 @@ Printed per mode and concurrency, as medians of ``--repeats``:
 fraction means something only when the GPU's demand is within what this machine's cores can
 feed (the env workers and the runner share them).
 
+Each env worker keeps every game's parsed state (``--reset-cache``, default: the games' count):
+the run's own default (8) makes every later trial load its game again.
+
     python benchmarks/bench_night.py [--data DIR] [--games 140] [--trials 3] [--time-scale 4]
-        [--concurrency 128 256] [--repeats 3] [--modes served inproc]
+        [--concurrency 128 256] [--repeats 3] [--modes served inproc] [--reset-cache N]
 """
 
 from __future__ import annotations
@@ -128,6 +131,7 @@ def one_run(cfg: dict, mode: str, concurrency: int) -> dict:
             "--games", str(cfg["games"]), "--trials", str(cfg["trials"]),
             "--max-steps", str(cfg["max_steps"]), "--concurrency", str(concurrency),
             "--workers", str(cfg["workers"]), "--run-dir", str(run_dir),
+            "--reset-cache", str(cfg["reset_cache"]),
         ]  # fmt: skip
         if mode == "inproc":
             out = run_child(
@@ -154,6 +158,9 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--max-steps", type=int, default=20)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--reset-cache", type=int, default=None, help="games each env worker keeps (default: all)"
+    )
     parser.add_argument("--preset", default="h100-8b")
     parser.add_argument("--time-scale", type=float, default=4.0)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[128, 256])
@@ -163,6 +170,7 @@ def main() -> None:
     cfg = {
         "data": a.data, "games": a.games, "trials": a.trials, "max_steps": a.max_steps,
         "workers": a.workers, "preset": a.preset, "scale": a.time_scale,
+        "reset_cache": a.games if a.reset_cache is None else a.reset_cache,
     }  # fmt: skip
     results: dict[tuple[str, int], list[dict]] = {}
     for _ in range(a.repeats):  # side by side: every setting in each repeat
@@ -173,7 +181,7 @@ def main() -> None:
                 print(f"  {mode} c={c}: " + ", ".join(f"{k} {v:.3g}" for k, v in r.items()))
     print(
         f"\n{a.games} games x {a.trials} trials, Reflexion, {a.preset} x{a.time_scale:g} "
-        f"time scale, medians of {a.repeats}:"
+        f"time scale, reset cache {cfg['reset_cache']}, medians of {a.repeats}:"
     )
     keys = ["busy", "busy_before_tail", "wall_s", "bound_s", "wall_over_bound", "idle_startup_s",
             "idle_gaps_s", "idle_tail_s", "idle_end_s", "cpu_ms_per_step", "steps_per_s"]  # fmt: skip

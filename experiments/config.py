@@ -37,6 +37,7 @@ from agents.arm import RUN_ROLES
 from agents.llm.redaction import REDACTED, redact
 from agents.options import declare, help_text, leaf_names, model_spec, option
 from agents.reflexion_code import CODE_PROTOCOL
+from envs import DEFAULT_RESET_CACHE
 from experiments.errors import ConfigError
 
 REFLECTION_FORMATS = ("free", "critique")
@@ -289,6 +290,14 @@ class ExecutionConfig:
     """How the run uses the machine (never changes results)."""
 
     workers: int = option(1, "env worker processes", minimum=1, resumable=True)
+    reset_cache: int = option(
+        DEFAULT_RESET_CACHE,
+        "ALFWorld games whose parsed state each env worker keeps, so that a later reset of one "
+        "skips its translation (~4 MB each; 0: none). A night of many games x trials wants "
+        "about as many as the run has games: each trial resets every game again",
+        minimum=0,
+        resumable=True,
+    )
     concurrency: int = option(
         4,
         "episodes in play (sending model requests); one more per worker resets its game ahead",

@@ -63,6 +63,7 @@ def select_games(cfg: RunConfig) -> GameSet:
         "split": cfg.gameset.split,
         "max_steps": cfg.protocol.max_steps,
         "games": [t.game for t in tasks],
+        "reset_cache": cfg.execution.reset_cache,
     }
     source = f"{cfg.gameset.split} of {data}"
     return GameSet("alfworld", kwargs, tasks, {r.game_id: r.path for r in records}, source)

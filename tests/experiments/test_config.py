@@ -164,3 +164,22 @@ def test_settings_take_the_config_names():
         if (r := config_renames(p.read_text(), names, sections))
     }
     assert found == {}
+
+
+def test_reset_cache_reaches_every_env_worker(generated_games):
+    """``--reset-cache N`` (a night of many games x trials resets every game again each trial)
+    is what each env the workers build keeps; the default is the env's own."""
+    from envs import DEFAULT_RESET_CACHE
+    from envs.pool import EnvSpec
+    from experiments.games import select_games
+
+    for given, kept in (({}, DEFAULT_RESET_CACHE), ({"reset_cache": 140}, 140)):
+        cfg = RunConfig.of(data=str(generated_games), split="eval_out_of_distribution", **given)
+        games = select_games(cfg)
+        env = EnvSpec(games.env_kind, games.env_kwargs).build()
+        try:
+            assert env.reset_cache == kept
+        finally:
+            env.close()
+    with pytest.raises(ConfigError, match="reset-cache must be >= 0"):
+        RunConfig.of(reset_cache=-1)
