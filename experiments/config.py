@@ -293,8 +293,7 @@ class ExecutionConfig:
     reset_cache: int = option(
         DEFAULT_RESET_CACHE,
         "ALFWorld games whose parsed state each env worker keeps, so that a later reset of one "
-        "skips its translation (~4 MB each; 0: none). A night of many games x trials wants "
-        "about as many as the run has games: each trial resets every game again",
+        "skips its translation (~4 MB each; 0: none); each trial resets every game again",
         minimum=0,
         resumable=True,
     )
