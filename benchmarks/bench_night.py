@@ -16,8 +16,8 @@ Printed per mode and concurrency, as medians of ``--repeats``:
   before the final tail (the tail starts when the batch last held half the concurrency);
 - wall time against the bound: max(the stand-in's own busy time, the longest chain of one
   game's calls, answered one after the other);
-- where the GPU idles: start-up (before the first request), gaps while the batch is full
-  (trial ends, reflections, resets: the harness not keeping up), the tail, and the end (after
+- where the GPU idles: start-up (before the first request), gaps (an empty batch before the
+  tail: every episode in flight waiting on something else), the tail, and the end (after
   the last answer: the report);
 - the runner's CPU per step (all of it, start-up included; the stand-in's own thread left out
   in process) and steps a second. ``bench_harness.py`` splits the marginal cost by part.
