@@ -56,7 +56,7 @@ def backend_options(cfg: RunConfig, role: str = "actor") -> dict[str, Any]:
         # a server of the user's (or --serve's): as many requests in flight as the run has
         # episodes (the client's own default, 8, would cap a GPU's batch at 8)
         options.setdefault("concurrency", max(cfg.execution.concurrency, 8))
-    sent_first = layout_kind(cfg).chat_instruction
+    sent_first = layout_class(cfg.protocol.protocol).chat_instruction
     if sent_first is not None and role == "actor":  # the layout's, unless the user set one
         options.setdefault("chat_instruction", sent_first)
     return options
@@ -166,11 +166,6 @@ def check_prompts_file(cfg: RunConfig, tasks: Sequence[Task]) -> None:
         load_original_prompts(cfg.protocol.prompts, sorted({t.task_type for t in tasks}))
     except PromptFileError as exc:
         raise ConfigError(f"--prompts: {exc}") from None
-
-
-def layout_kind(cfg: RunConfig) -> type[PromptLayout]:
-    """The prompt layout the run's protocol names (its class: nothing is read)."""
-    return layout_class(cfg.protocol.protocol)
 
 
 def prompt_layout(cfg: RunConfig) -> PromptLayout:

@@ -303,6 +303,13 @@ class ExecutionConfig:
         minimum=1,
         resumable=True,
     )
+    harness_procs: int = option(
+        1,
+        "runner processes the run's games are shared among (one store, one run; --concurrency "
+        "and --workers are the run's, split among them): for a GPU one process cannot feed",
+        minimum=1,
+        resumable=True,
+    )
     step_timeout_s: float = option(
         120.0, "seconds an env call may take before its worker is replaced", minimum=0.001,
         resumable=True,

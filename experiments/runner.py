@@ -9,7 +9,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import ExitStack, closing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -127,26 +127,46 @@ def _close_all(backends: list[Backend]) -> None:
         backend.close()
 
 
-def execute(plan: Plan, store: RunStore, progress: Progress | None = None) -> None:
+# plays a wired run's tasks and returns why it stopped early (None: complete); given the
+# callback for a task's end (see :func:`_progress_start`)
+Play = Callable[[Callable[[Task, bool, int], None]], Awaitable[str | None]]
+# wires one run's play: (plan, store, progress, what closes what it opens) -> its Play
+Player = Callable[[Plan, RunStore, Progress, ExitStack], Play]
+
+
+def execute(
+    plan: Plan, store: RunStore, progress: Progress | None = None, player: Player | None = None
+) -> None:
     """Play a prepared run to its end (or its budget) into ``store``, which records how it
-    ended. The plan's backends and the store stay open: their owner closes them."""
-    asyncio.run(_execute(plan, store, progress or NoProgress()))
+    ended. The plan's backends and the store stay open: their owner closes them. ``player``:
+    who plays the tasks (default: this process, :func:`in_this_process`; several processes:
+    :mod:`experiments.shards`)."""
+    asyncio.run(_execute(plan, store, progress or NoProgress(), player or in_this_process))
 
 
-async def _execute(plan: Plan, store: RunStore, progress: Progress) -> None:
+async def _execute(plan: Plan, store: RunStore, progress: Progress, player: Player) -> None:
     _begin(plan, store, progress)
     ending = _Ending(store)
     with ExitStack() as stack:
         stack.enter_context(RunLog(plan.run_dir))
         stack.callback(ending.record)  # runs once everything registered after it is closed
-        engine, clients = _wire(plan, store, progress, stack)
+        play = player(plan, store, progress, stack)
         task_done = _progress_start(plan, store, progress)
         stack.callback(progress.close)
         if not plan.resumed:  # a resume's own event (in _begin) marks where its process began
             store.log_event("start", json.dumps({"pid": os.getpid()}))
         with ending:
-            loop = _trial_loop(plan, store, engine, clients, task_done)
-            ending.stopped = await loop.run(plan.games.tasks)
+            ending.stopped = await play(task_done)
+
+
+def in_this_process(plan: Plan, store: RunStore, progress: Progress, stack: ExitStack) -> Play:
+    """Every task played here: one engine over the env pool and the model clients."""
+    engine, clients = wire(plan, store, progress, stack)
+
+    async def play(task_done: Callable[[Task, bool, int], None]) -> str | None:
+        return await trial_loop(plan, store, engine, clients, task_done).run(plan.games.tasks)
+
+    return play
 
 
 def _begin(plan: Plan, store: RunStore, progress: Progress) -> None:
@@ -172,13 +192,14 @@ def _begin(plan: Plan, store: RunStore, progress: Progress) -> None:
             "max_steps": cfg.protocol.max_steps,
             "concurrency": cfg.execution.concurrency,
             "workers": cfg.execution.workers,
+            "harness_procs": cfg.execution.harness_procs,
             "config_file": str(run_dir / "config.yaml"),
             "config": cfg.to_tree(public=True),
         }
     )
 
 
-def _wire(
+def wire(
     plan: Plan, store: RunStore, progress: Progress, stack: ExitStack
 ) -> tuple[Engine, dict[str, ModelClient]]:
     """The engine, over a model client per backend (by role: actor, reflector, the arm's own
@@ -252,15 +273,17 @@ def _progress_start(
     return task_done
 
 
-def _trial_loop(
+def trial_loop(
     plan: Plan,
     store: RunStore,
     engine: Engine,
     clients: dict[str, ModelClient],
     task_done: Callable[[Task, bool, int], None],
+    whole_run: bool = True,
 ) -> TrialLoop:
     """The arm's agent over the engine, trial after trial; a task that fails goes to the
-    escalation model when one is set (the actor's own client when it is the same model)."""
+    escalation model when one is set (the actor's own client when it is the same model).
+    ``whole_run``: False where the loop plays only some of the run's tasks."""
     cfg = plan.cfg
     escalate = clients.get("escalate")
     if escalate is None and cfg.safeguards.escalate_model == cfg.models.model:
@@ -270,6 +293,7 @@ def _trial_loop(
     return TrialLoop(
         store, engine, agent, replace(trial_plan_of(cfg, layout), experience=plan.experience),
         on_task_done=task_done,
+        whole_run=whole_run,
         escalation=Escalation(cfg.safeguards.escalate_model, escalate)
         if escalate is not None and cfg.safeguards.escalate_model
         else None,

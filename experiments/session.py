@@ -30,6 +30,7 @@ from typing import Any
 
 from agents.experience import Experience
 from agents.llm.redaction import redact
+from experiments import shards
 from experiments.arming import (
     check_device_share,
     check_prompts_file,
@@ -169,6 +170,7 @@ class RunSession:
         if cfg.cluster.address:
             import_ray()  # --ray without the extra is a one-line error, here as anywhere
         check_device_share(cfg)  # the config alone: before the games are looked for
+        shards.check(cfg)
         instruction(cfg)
         code_prompts(cfg)
         check_prompts_file(cfg, self.games.tasks)
@@ -200,7 +202,7 @@ class RunSession:
                 if self.store is None:
                     self._claim()
                     self.store = RunStore(self.run_dir, create=True)
-                execute(plan, self.store, progress)
+                execute(plan, self.store, progress, shards.player(cfg))
         except BaseException as exc:
             self._leave_as_found(exc)
             raise

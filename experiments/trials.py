@@ -90,13 +90,17 @@ class TrialLoop:
         plan: TrialPlan,
         on_task_done: Callable[[Task, bool, int], None] = lambda task, won, trial: None,
         escalation: Escalation | None = None,
+        whole_run: bool = True,
     ) -> None:
+        """``whole_run``: False where the loop plays only some of the run's tasks; their owner
+        then forgets an earlier pass's task ends and closes the trials."""
         self.store = store
         self.engine = engine
         self.agent = agent
         self.plan = plan
         self.on_task_done = on_task_done
         self.escalation = escalation
+        self.whole_run = whole_run
         self._at: dict[str, float] = {}  # each task's current trial (inf when done)
         self._tasks: list[Task] = []
         self._moved = asyncio.Event()  # a task finished an episode or moved on
@@ -105,7 +109,8 @@ class TrialLoop:
     async def run(self, tasks: Sequence[Task]) -> str | None:
         """All tasks' trials; None when complete, or why the run stopped early. Each task that
         ends records why (``task_ends``), so the store says whether the run is complete."""
-        self.store.reopen_tasks()
+        if self.whole_run:
+            self.store.reopen_tasks()
         self._tasks = list(tasks)
         for t in tasks:
             self._at[t.game] = 0
@@ -366,7 +371,7 @@ class TrialLoop:
         self._moved.set()
         if trial != float("inf"):
             self._open_trials.add(int(trial))
-        if self.engine.stopped is not None:
+        if self.engine.stopped is not None or not self.whole_run:
             return
         lowest = min(self._at.values(), default=float("inf"))
         for k in sorted(self._open_trials):

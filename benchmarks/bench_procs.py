@@ -1,0 +1,97 @@
+"""Steps a second with the run spread over N runner processes (``--harness-procs``) against one.
+
+The same run each time: valid_seen games, one trial, ``--max-steps`` 20, the run's
+``--concurrency`` and ``--workers`` (split among the processes), answered by ``scripted:random``
+in each process, or through the OpenAI-compatible backend by a loopback server in this process
+that answers at once (so the harness, not a model, sets the pace). The rate is the run's steps
+over the time from its first step to its last (from the store: start-up and the end report fall
+out), as medians of ``--repeats`` measured side by side (each repeat runs every setting).
+
+Printed beside it: the machine's cores, which bound what N processes can gain (the env workers,
+~4 ms of CPU an ALFWorld step, and the loopback server share them).
+
+    python benchmarks/bench_procs.py [--data DIR] [--games 64] [--procs 1 2] [--repeats 3]
+        [--modes served inproc] [--concurrency 64] [--workers 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from bench_harness import SPLIT, run_child
+from timing import data_parser
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the loopback server: tests/support
+
+
+def play_rate(run_dir: Path) -> tuple[float, int]:
+    """Steps a second from the run's first step to its last, and the steps."""
+    from experiments.store import RunReader
+
+    with RunReader(run_dir) as reader:
+        first, last, n = reader.conn.execute(
+            "SELECT MIN(created_at), MAX(created_at), COUNT(*) FROM steps"
+        ).fetchone()
+    return (n - 1) / (last - first), n
+
+
+def one_run(a: argparse.Namespace, procs: int, url: str | None) -> tuple[float, int]:
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = Path(tmp) / "run"
+        cmd = [
+            "run", "--data", str(a.data), "--split", SPLIT, "--games", str(a.games),
+            "--trials", "1", "--max-steps", "20", "--concurrency", str(a.concurrency),
+            "--workers", str(a.workers), "--harness-procs", str(procs),
+            "--run-dir", str(run_dir),
+        ]  # fmt: skip
+        cmd += ["--model", "scripted:random"] if url is None else [
+            "--model", "openai:standin", "--base-url", url,
+        ]  # fmt: skip
+        run_child(cmd)
+        return play_rate(run_dir)
+
+
+def main() -> None:
+    parser = data_parser(__doc__, ROOT)
+    parser.add_argument("--games", type=int, default=64)
+    parser.add_argument("--procs", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--modes", nargs="+", default=["served", "inproc"])
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    from tests.support.fault_server import FaultPlan, FaultServer
+    from tests.support.gpu_standin import text_policy
+
+    server = FaultServer(FaultPlan(), answer=text_policy("random")).start()
+    try:
+        urls = {"served": server.url, "inproc": None}
+        rates: dict[tuple[str, int], list[float]] = {}
+        for _ in range(args.repeats):
+            for mode in args.modes:
+                for procs in args.procs:
+                    rate, steps = one_run(args, procs, urls[mode])
+                    rates.setdefault((mode, procs), []).append(rate)
+                    print(f"  {mode}, {procs} process(es): {steps} steps, {rate:.0f}/s", flush=True)
+        print(
+            f"\nsteps a second, first step to last, medians of {args.repeats} ({args.games} games,"
+            f" --concurrency {args.concurrency}, --workers {args.workers}; {os.cpu_count()} cores):"
+        )
+        print(f"{'mode':<8} {'procs':>5} {'steps/s':>8} {'x one':>6}")
+        for mode in args.modes:
+            one = statistics.median(rates[(mode, args.procs[0])])
+            for procs in args.procs:
+                rate = statistics.median(rates[(mode, procs)])
+                print(f"{mode:<8} {procs:>5} {rate:>8.0f} {rate / one:>6.2f}")
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()

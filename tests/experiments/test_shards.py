@@ -1,0 +1,141 @@
+"""One run over several runner processes (``--harness-procs N``): the same episodes as one process,
+one store; a runner process killed with ``kill -9`` ends the run as crashed, naming it, and
+``--resume`` gives the uninterrupted run's store; SIGTERM to the job interrupts it like a
+one-process run; budgets count every process's calls; what N processes cannot play as one run is
+a one-line error."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from experiments import shards
+from experiments.cli import main
+from experiments.store import RunStore
+from experiments.trials import Task
+from tests.experiments.test_signals import (
+    args_of,
+    assert_same_store,
+    start,
+    state_of,
+    wait_for_steps,
+)
+
+
+@pytest.fixture(scope="module")
+def one_process(generated_games: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run_dir = tmp_path_factory.mktemp("one") / "run"
+    assert main(["run", *args_of(generated_games), "--run-dir", str(run_dir)]) == 0
+    return run_dir
+
+
+def _pids(run_dir: Path) -> list[int]:
+    store = RunStore(run_dir, readonly=True)
+    try:
+        events = store.events("harness_procs")
+    finally:
+        store.close()
+    return list(json.loads(events[-1]["detail"])["pids"]) if events else []
+
+
+def test_two_processes_play_the_same_run_as_one(generated_games, one_process, tmp_path):
+    run_dir = tmp_path / "run"
+    assert main(["run", *args_of(generated_games), "--harness-procs", "2",
+                 "--run-dir", str(run_dir)]) == 0  # fmt: skip
+    assert state_of(run_dir).complete
+    assert_same_store(one_process, run_dir)
+    assert len(_pids(run_dir)) == 2
+    store = RunStore(run_dir, readonly=True)
+    try:
+        assert all(t["finished_at"] is not None for t in store.trials())
+        assert [e["kind"] for e in store.events() if e["episode_id"] is None][-1] == "end"
+    finally:
+        store.close()
+
+
+def test_a_runner_process_killed_ends_the_run_as_crashed_and_resume_finishes_it(
+    generated_games, one_process, tmp_path
+):
+    run_dir = tmp_path / "run"
+    proc = start(*args_of(generated_games), "--harness-procs", "2", "--run-dir", str(run_dir))
+    wait_for_steps(proc, run_dir, 3)
+    pids = _pids(run_dir)
+    assert len(pids) == 2
+    os.kill(pids[0], signal.SIGKILL)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 3, err[-3000:]
+    assert "runner process 1 of 2 died (killed by SIGKILL)" in err and "--resume" in err
+    assert "Traceback" not in err
+    state = state_of(run_dir)
+    assert not state.complete and state.ended == "crashed"
+    assert main(["run", "--resume", str(run_dir)]) == 0  # any number of processes resumes it
+    assert state_of(run_dir).complete
+    assert_same_store(one_process, run_dir)
+
+
+def test_sigterm_to_the_job_interrupts_every_process_and_resume_finishes_it(
+    generated_games, one_process, tmp_path
+):
+    run_dir = tmp_path / "run"
+    proc = start(*args_of(generated_games), "--harness-procs", "2", "--run-dir", str(run_dir))
+    wait_for_steps(proc, run_dir, 3)
+    os.killpg(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-3000:]
+    assert "Traceback" not in err and "interrupted" in err
+    assert state_of(run_dir).ended == "interrupted"
+    assert main(["run", "--resume", str(run_dir), "--harness-procs", "2"]) == 0
+    assert_same_store(one_process, run_dir)
+
+
+def test_a_token_budget_counts_every_process(generated_games, tmp_path):
+    run_dir = tmp_path / "run"
+    budget = 3000
+    assert main(["run", *args_of(generated_games), "--harness-procs", "2", "--budget-tokens",
+                 str(budget), "--run-dir", str(run_dir)]) == 0  # fmt: skip
+    state = state_of(run_dir)
+    assert not state.complete and "token budget" in (state.stopped or "")
+    store = RunStore(run_dir, readonly=True)
+    try:
+        used = store.token_totals().total
+        biggest = max(c.prompt_tokens + c.completion_tokens for c in store.model_calls())
+    finally:
+        store.close()
+    # each process stops at its next call once the run's total is reached: at most the calls
+    # in flight (--concurrency 3) pass it
+    assert budget <= used <= budget + 3 * biggest
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--model", "embedded"], "serve it"),
+        (["--protocol", "reflexion-code"], "use --harness-procs 1"),
+        (["--concurrency", "1"], "--concurrency 2 or more"),
+    ],
+    ids=["in-process model", "paper code protocol", "too few in flight"],
+)
+def test_what_several_processes_cannot_play_is_one_line(
+    generated_games, tmp_path, capsys, flags, says
+):
+    run_dir = tmp_path / "run"
+    code = main(["run", *args_of(generated_games), "--harness-procs", "2", *flags,
+                 "--run-dir", str(run_dir)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and says in err, err
+    assert not run_dir.exists()
+
+
+def test_tasks_are_dealt_round_robin_and_places_split_evenly():
+    tasks = [Task(f"g{i}", "put") for i in range(5)]
+    assert [[t.game for t in part] for part in shards.deal(tasks, 2)] == [
+        ["g0", "g2", "g4"],
+        ["g1", "g3"],
+    ]
+    assert len(shards.deal(tasks[:1], 3)) == 1  # no process without a task
+    assert [shards.share(7, 3, i) for i in range(3)] == [3, 2, 2]
+    assert [shards.share(1, 2, i) for i in range(2)] == [1, 1]  # at least one each
