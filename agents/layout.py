@@ -66,8 +66,11 @@ class PromptLayout:
     chat_instruction: str | None = None  # what a chat model is sent before the prompt (None: the
     # backend's own)
 
-    def actor_prompt(self, prefix: str, observation: str, steps: Sequence[Step]) -> str:
-        """The actor prompt after ``steps`` (what the model answers the next step to)."""
+    @staticmethod
+    def actor_prompt(prefix: str, observation: str, steps: Sequence[Step]) -> str:
+        """The actor prompt after ``steps`` (what the model answers the next step to). Static:
+        a recorded run's step prompts are rebuilt from its layout's class, with none of its
+        files (a layout that overrides it must stay so to be rebuilt)."""
         return actor_prompt(prefix, observation, transcript_pairs(steps))
 
     async def act(

@@ -255,12 +255,12 @@ def reflection_prompt(
 @dataclass(frozen=True, eq=False)
 class CodeLayout(PromptLayout):
     """The paper's code's layout (see the module docstring): its prompts from the user's files
-    (``prompts``; None: only the actor prompt, as when an old run's prompts are rebuilt), its
+    (``prompts``), its
     steps, a reflection after every trial (the code writes one after the last too, and shows the
     run's last game the trial's counts), the whole prompt as a chat model's one user message
     (``code_put_to_move``: send ``put X in/on Y`` as ``move X to Y``, ALFWorld 0.4's syntax)."""
 
-    prompts: CodePrompts | None = None
+    prompts: CodePrompts
     code_put_to_move: bool = False
 
     name = CODE_PROTOCOL
@@ -268,20 +268,16 @@ class CodeLayout(PromptLayout):
     reads_trial_summary = True
     chat_instruction = ""
 
-    def files(self) -> CodePrompts:
-        if self.prompts is None:
-            raise ValueError("the reflexion-code protocol needs its prompt files")
-        return self.prompts
-
-    def actor_prompt(self, prefix: str, observation: str, steps: Sequence[Step]) -> str:
+    @staticmethod
+    def actor_prompt(prefix: str, observation: str, steps: Sequence[Step]) -> str:
         return actor_prompt(prefix, observation, [(s.action, s.observation) for s in steps])
 
     def prefix(self, task_type: str, reflections: Sequence[str], compose: Callable[[], str]) -> str:
-        return actor_prefix(self.files(), task_type, reflections)
+        return actor_prefix(self.prompts, task_type, reflections)
 
     def reflection(self, on: FailedEpisode, compose: Callable[[], ReflectionAsk]) -> ReflectionAsk:
         pairs = [(s.action, s.observation) for s in on.steps]
-        prompt = reflection_prompt(self.files(), on.observation, pairs, on.past, on.summary)
+        prompt = reflection_prompt(self.prompts, on.observation, pairs, on.past, on.summary)
         return ReflectionAsk(prompt, (), keep="as-written")
 
     async def act(

@@ -20,7 +20,13 @@ Printed per mode and concurrency, as medians of ``--repeats``:
   tail: every episode in flight waiting on something else), the tail, and the end (after
   the last answer: the report);
 - the runner's CPU per step (all of it, start-up included; the stand-in's own thread left out
-  in process) and steps a second. ``bench_harness.py`` splits the marginal cost by part.
+  in process), the CPU per step of everything else the run started (its env workers, and with
+  ``--harness-procs`` its runner processes: the machine's busy time, from ``/proc/stat``, less
+  the runner's and this process's), how busy the machine's cores were over the run's wall time,
+  and steps a second.
+  ``bench_harness.py`` splits the marginal cost by part.
+
+``--harness-procs 1 2`` runs the served mode with each number of runner processes.
 
 ``--time-scale`` makes the simulated GPU slower (> 1) or faster (< 1) than an H100: the busy
 fraction means something only when the GPU's demand is within what this machine's cores can
@@ -31,14 +37,17 @@ the run's own default (8) makes every later trial load its game again.
 
     python benchmarks/bench_night.py [--data DIR] [--games 140] [--trials 3] [--time-scale 4]
         [--concurrency 128 256] [--repeats 3] [--modes served inproc] [--reset-cache N]
+        [--harness-procs 1 2]
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from timing import child_result, data_parser
@@ -94,15 +103,28 @@ def chain_and_steps(run_dir: Path) -> tuple[float, int]:
     return max(per_game.values(), default=0.0), steps
 
 
-def measure(out: dict, timeline: list, concurrency: int, chain: float, steps: int) -> dict:
-    """The run's figures from the stand-in's iterations (wall start, end, sequences)."""
+def machine_cpu_s() -> float:
+    """CPU seconds the whole machine has spent busy since boot (every core; Linux)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(
+    out: dict, timeline: list, concurrency: int, chain: float, steps: int, cpu: dict
+) -> dict:
+    """The run's figures from the stand-in's iterations (wall start, end, sequences); ``cpu``:
+    this process's CPU during the run (``here``; served: the stand-in and its server) and the
+    whole machine's (``machine``)."""
     wall = out["ended"] - out["began"]
     busy = sum(e - s for s, e, _ in timeline)
     first, last = timeline[0][0], timeline[-1][1]
     full = [e for s, e, n in timeline if n >= concurrency / 2]
     tail = max(full) if full else first
     before_tail = sum(min(e, tail) - s for s, e, _ in timeline if s < tail)
-    cpu = out["cpu_s"] - out.get("standin_cpu_s", 0.0)
+    runner = out["cpu_s"] - out.get("standin_cpu_s", 0.0)
+    rest = cpu["machine"] - out["cpu_s"] - cpu["here"]  # the env workers (and runner processes)
     bound = max(busy, chain)
     return {
         "busy": busy / wall,
@@ -114,16 +136,19 @@ def measure(out: dict, timeline: list, concurrency: int, chain: float, steps: in
         "idle_gaps_s": (tail - first) - before_tail,
         "idle_tail_s": (last - tail) - (busy - before_tail),
         "idle_end_s": out["ended"] - last,
-        "cpu_ms_per_step": 1000 * cpu / steps,
+        "cpu_ms_per_step": 1000 * runner / steps,
+        "other_cpu_ms_per_step": 1000 * rest / steps,
+        "cores_busy": cpu["machine"] / (wall * (os.cpu_count() or 1)),
         "steps_per_s": steps / wall,
         "steps": steps,
     }
 
 
-def one_run(cfg: dict, mode: str, concurrency: int) -> dict:
+def one_run(cfg: dict, mode: str, concurrency: int, procs: int = 1) -> dict:
     from tests.support.fault_server import FaultPlan, FaultServer
     from tests.support.gpu_standin import PRESETS, LiveEngine, text_policy
 
+    here, machine = time.process_time(), machine_cpu_s()
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         args = [
@@ -131,7 +156,7 @@ def one_run(cfg: dict, mode: str, concurrency: int) -> dict:
             "--games", str(cfg["games"]), "--trials", str(cfg["trials"]),
             "--max-steps", str(cfg["max_steps"]), "--concurrency", str(concurrency),
             "--workers", str(cfg["workers"]), "--run-dir", str(run_dir),
-            "--reset-cache", str(cfg["reset_cache"]),
+            "--reset-cache", str(cfg["reset_cache"]), "--harness-procs", str(procs),
         ]  # fmt: skip
         if mode == "inproc":
             out = run_child(
@@ -149,7 +174,8 @@ def one_run(cfg: dict, mode: str, concurrency: int) -> dict:
                 live.stop()
             timeline = live.timeline
         chain, steps = chain_and_steps(run_dir)
-    return measure(out, timeline, concurrency, chain, steps)
+    cpu = {"here": time.process_time() - here, "machine": machine_cpu_s() - machine}
+    return measure(out, timeline, concurrency, chain, steps, cpu)
 
 
 def main() -> None:
@@ -166,6 +192,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[128, 256])
     parser.add_argument("--modes", nargs="+", default=["served", "inproc"])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--harness-procs", type=int, nargs="+", default=[1], help="served: runner processes"
+    )
     a = parser.parse_args()
     cfg = {
         "data": a.data, "games": a.games, "trials": a.trials, "max_steps": a.max_steps,
@@ -173,22 +202,25 @@ def main() -> None:
         "reset_cache": a.games if a.reset_cache is None else a.reset_cache,
     }  # fmt: skip
     results: dict[tuple[str, int], list[dict]] = {}
+    settings = [(mode, c, n) for mode in a.modes for c in a.concurrency
+                for n in (a.harness_procs if mode == "served" else [1])]  # fmt: skip
     for _ in range(a.repeats):  # side by side: every setting in each repeat
-        for mode in a.modes:
-            for c in a.concurrency:
-                r = one_run(cfg, mode, c)
-                results.setdefault((mode, c), []).append(r)
-                print(f"  {mode} c={c}: " + ", ".join(f"{k} {v:.3g}" for k, v in r.items()))
+        for mode, c, n in settings:
+            r = one_run(cfg, mode, c, n)
+            name = mode if n == 1 else f"{mode} x{n}"
+            results.setdefault((name, c), []).append(r)
+            print(f"  {name} c={c}: " + ", ".join(f"{k} {v:.3g}" for k, v in r.items()), flush=True)
     print(
         f"\n{a.games} games x {a.trials} trials, Reflexion, {a.preset} x{a.time_scale:g} "
         f"time scale, reset cache {cfg['reset_cache']}, medians of {a.repeats}:"
     )
     keys = ["busy", "busy_before_tail", "wall_s", "bound_s", "wall_over_bound", "idle_startup_s",
-            "idle_gaps_s", "idle_tail_s", "idle_end_s", "cpu_ms_per_step", "steps_per_s"]  # fmt: skip
-    print(f"{'':<14}" + "".join(f"{k:>17}" for k in keys))
+            "idle_gaps_s", "idle_tail_s", "idle_end_s", "cpu_ms_per_step", "other_cpu_ms_per_step",
+            "cores_busy", "steps_per_s"]  # fmt: skip
+    print(f"{'':<18}" + "".join(f"{k:>20}" for k in keys))
     for (mode, c), rs in results.items():
         row = [statistics.median(r[k] for r in rs) for k in keys]
-        print(f"{mode + ' ' + str(c):<14}" + "".join(f"{v:>17.3f}" for v in row))
+        print(f"{mode + ' ' + str(c):<18}" + "".join(f"{v:>20.3f}" for v in row))
 
 
 if __name__ == "__main__":

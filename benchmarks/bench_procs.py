@@ -7,8 +7,10 @@ that answers at once (so the harness, not a model, sets the pace). The rate is t
 over the time from its first step to its last (from the store: start-up and the end report fall
 out), as medians of ``--repeats`` measured side by side (each repeat runs every setting).
 
-Printed beside it: the machine's cores, which bound what N processes can gain (the env workers,
-~4 ms of CPU an ALFWorld step, and the loopback server share them).
+Printed beside it: how busy the run kept the machine's cores (the CPU of the runner, its runner
+processes and env workers, and the loopback server, over cores x wall): N processes can add
+steps only while cores are left over (the env workers, ~4 ms of CPU an ALFWorld step, and the
+loopback server share them).
 
     python benchmarks/bench_procs.py [--data DIR] [--games 64] [--procs 1 2] [--repeats 3]
         [--modes served inproc] [--concurrency 64] [--workers 2]
@@ -21,6 +23,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from bench_harness import SPLIT, run_child
@@ -41,7 +44,11 @@ def play_rate(run_dir: Path) -> tuple[float, int]:
     return (n - 1) / (last - first), n
 
 
-def one_run(a: argparse.Namespace, procs: int, url: str | None) -> tuple[float, int]:
+def one_run(a: argparse.Namespace, procs: int, url: str | None) -> tuple[float, int, float]:
+    """The run's steps a second and steps, and how busy it kept the machine's cores (the CPU
+    of every process it started, and of this one, where the loopback server runs, over the
+    cores' time while it ran)."""
+    began, cpu_here = time.perf_counter(), time.process_time()
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         cmd = [
@@ -53,8 +60,10 @@ def one_run(a: argparse.Namespace, procs: int, url: str | None) -> tuple[float, 
         cmd += ["--model", "scripted:random"] if url is None else [
             "--model", "openai:standin", "--base-url", url,
         ]  # fmt: skip
-        run_child(cmd)
-        return play_rate(run_dir)
+        out = run_child(cmd)
+        wall = time.perf_counter() - began
+        cpu = out["cpu_s"] + out["children_cpu_s"] + time.process_time() - cpu_here
+        return (*play_rate(run_dir), cpu / (wall * (os.cpu_count() or 1)))
 
 
 def main() -> None:
@@ -73,22 +82,29 @@ def main() -> None:
     try:
         urls = {"served": server.url, "inproc": None}
         rates: dict[tuple[str, int], list[float]] = {}
+        busy: dict[tuple[str, int], list[float]] = {}
         for _ in range(args.repeats):
             for mode in args.modes:
                 for procs in args.procs:
-                    rate, steps = one_run(args, procs, urls[mode])
+                    rate, steps, used = one_run(args, procs, urls[mode])
                     rates.setdefault((mode, procs), []).append(rate)
-                    print(f"  {mode}, {procs} process(es): {steps} steps, {rate:.0f}/s", flush=True)
+                    busy.setdefault((mode, procs), []).append(used)
+                    print(
+                        f"  {mode}, {procs} process(es): {steps} steps, {rate:.0f}/s, "
+                        f"cores {100 * used:.0f}% busy",
+                        flush=True,
+                    )
         print(
             f"\nsteps a second, first step to last, medians of {args.repeats} ({args.games} games,"
             f" --concurrency {args.concurrency}, --workers {args.workers}; {os.cpu_count()} cores):"
         )
-        print(f"{'mode':<8} {'procs':>5} {'steps/s':>8} {'x one':>6}")
+        print(f"{'mode':<8} {'procs':>5} {'steps/s':>8} {'x one':>6} {'cores busy':>11}")
         for mode in args.modes:
             one = statistics.median(rates[(mode, args.procs[0])])
             for procs in args.procs:
                 rate = statistics.median(rates[(mode, procs)])
-                print(f"{mode:<8} {procs:>5} {rate:>8.0f} {rate / one:>6.2f}")
+                used = statistics.median(busy[(mode, procs)])
+                print(f"{mode:<8} {procs:>5} {rate:>8.0f} {rate / one:>6.2f} {100 * used:>10.0f}%")
     finally:
         server.stop()
 

@@ -593,16 +593,24 @@ class EnvPool(_PoolAPI):
         env for each slot it has held (at most ``slots``)."""
         home = self._home[slot]
         if isinstance(call, Reset) and call.game != self._episodes.games[slot]:
-            load = [len(self._outbox[i]) + len(self._sent[i]) for i in range(self.workers)]
+            load = [self._load(i) for i in range(self.workers)]
             self._home[slot] = min(range(self.workers), key=lambda i: (load[i], i != home))
         return self._home[slot]
+
+    def _load(self, index: int) -> tuple[int, int]:
+        """How busy worker ``index`` is: its resets waiting or running (a game's first load
+        takes most of a second, a step milliseconds), then all its calls."""
+        calls = [*self._outbox[index], *self._sent[index]]
+        return sum(isinstance(c, Reset) for _, c in calls), len(calls)
 
     def _slots_on(self, index: int) -> list[int]:
         """The slots whose episodes live on worker ``index``."""
         return [slot for slot in range(self.slots) if self._home[slot] == index]
 
     def _dispatch(self) -> None:
-        """Send each idle worker everything waiting for it, as one message.
+        """Send each idle worker what waits for it, as one message: every step, then at most
+        one reset (the others wait for the next batch, so that a step that comes meanwhile waits
+        for one reset, not for all of them).
 
         One batch in flight per worker: the worker reads a batch whole before it answers, so
         neither side can block the other on a full pipe.
@@ -610,8 +618,11 @@ class EnvPool(_PoolAPI):
         for index in range(self.workers):
             if self._sent[index] or not self._outbox[index]:
                 continue
-            batch = steps_first(self._outbox[index])
+            queued = steps_first(self._outbox[index])
+            resets = next((k for k, (_, c) in enumerate(queued) if isinstance(c, Reset)), None)
+            batch = queued if resets is None else queued[: resets + 1]
             self._outbox[index].clear()
+            self._outbox[index].extend(queued[len(batch) :])
             self._sent[index].extend(batch)
             self._progress[index] = time.monotonic()
             try:

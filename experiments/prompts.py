@@ -93,7 +93,7 @@ def step_prompts(
             continue
         if protocol is None:
             protocol = protocol_of(reader)
-        layout = layout_class(protocol)()  # the actor prompt needs none of its files
+        layout = layout_class(protocol)  # the actor prompt needs none of its files
         text = layout.actor_prompt(episode.prompt_prefix, episode.observation, steps[:k])
         out.append(StepPrompt(k, SentRequest(prompt=text), step.raw_output))
     return out

@@ -15,10 +15,9 @@ so is a ``base_url`` server that answers a wrapped prompt with ``404`` (it has n
 the prompt is never sent elsewhere than where the run's config says. ``describe()`` records the
 endpoint (``api``) and the ``chat_format`` of what was sent (``"raw"`` for completions).
 
-Requests of a batch are sent concurrently by a thread pool (``concurrency``, default 8); a lone
-request (the engine sends each on its own, from a thread of its own) is sent from the caller's
-thread, at most ``concurrency`` at once. The
-SDK's own retries are off; :mod:`agents.llm.retry` retries timeouts, 429 (honouring
+Requests of a batch are sent concurrently by a thread pool; a lone request (the engine sends each
+on its own, from a thread of its own) is sent from the caller's thread; at most ``concurrency``
+(default 8) are in flight at once, lone and batched together. The SDK's own retries are off; :mod:`agents.llm.retry` retries timeouts, 429 (honouring
 Retry-After), 5xx, dropped connections and malformed JSON, counts them in
 ``Completion.retries`` (and in a failed request's ``BackendError.retries``) and logs them on
 ``agents.llm.openai``.
@@ -274,11 +273,15 @@ class OpenAIBackend:
         indexed = list(enumerate(requests))
         try:
             if len(indexed) == 1:  # the engine's way: one request, in a thread of its own already
-                with self._width:  # at most ``concurrency`` in flight, as through the pool
-                    return [self._one(*indexed[0])]
-            return concurrent_map(lambda item: self._one(*item), indexed, self._pool)
+                return [self._within_width(*indexed[0])]
+            return concurrent_map(lambda item: self._within_width(*item), indexed, self._pool)
         except _NoChatEndpoint as exc:
             raise SpecError(str(exc)) from None  # the run's config, not a request, is wrong
+
+    def _within_width(self, index: int, request: Request) -> Completion:
+        """One request, counted among the ``concurrency`` in flight (lone and batched alike)."""
+        with self._width:
+            return self._one(index, request)
 
     def _payload(self, request: Request) -> tuple[str, dict[str, Any]]:
         c = request.config

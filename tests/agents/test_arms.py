@@ -254,9 +254,10 @@ class CoachedConfig:
 class ReminderLayout(PromptLayout):
     """ReAct's layout with one line of its own before the prompt's end."""
 
-    def actor_prompt(self, prefix: str, observation: str, steps: Sequence[Step]) -> str:
+    @staticmethod
+    def actor_prompt(prefix: str, observation: str, steps: Sequence[Step]) -> str:
         seen = steps[-1].observation if steps else observation
-        base = super().actor_prompt(prefix, observation, steps)
+        base = PromptLayout.actor_prompt(prefix, observation, steps)
         return base[: -len(">")] + REMINDER.format(seen=seen.splitlines()[0]) + "\n>"
 
 

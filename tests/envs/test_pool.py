@@ -26,7 +26,8 @@ HEAVY = ("textworld", "alfworld", "fast_downward", "torch")
 
 
 class SleepyEnv:
-    """A test-only env kind: "sleep S" sleeps S seconds, "wait PATH" until PATH exists, "exit"
+    """A test-only env kind: "sleep S" sleeps S seconds, "wait PATH" until PATH exists (also as a
+    game, whose reset waits), "exit"
     kills the process, "heavy" names the heavy modules the worker has imported, "fail" raises;
     anything else is echoed."""
 
@@ -34,7 +35,11 @@ class SleepyEnv:
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[str, dict[str, Any]]:
         self.steps = 0
-        return "awake", {"game": (options or {}).get("game", f"seed-{seed}"), "pid": os.getpid()}
+        game = (options or {}).get("game", f"seed-{seed}")
+        if game.startswith("wait "):  # a slow game load: until the file exists
+            while not os.path.exists(game[5:]):
+                time.sleep(0.01)
+        return "awake", {"game": game, "pid": os.getpid()}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         self.steps += 1
@@ -287,6 +292,26 @@ def test_a_new_episode_goes_to_the_worker_with_less_work(tmp_path: Path) -> None
             answers.update(pool.collect())
         assert answers[2].info["pid"] == pool.pid(1) and answers[2].info["steps"] == 1
         assert pool.worker_of(0) == 0 and pool.restarts == 0
+
+
+def test_a_step_waits_for_one_reset_not_for_every_reset_queued(tmp_path: Path) -> None:
+    """A worker gets its queued steps and at most one reset at a time: a step that comes while
+    it loads a game is answered before the next game's load begins."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    with EnvPool(SLEEPY, workers=1, slots=3, timeout_s=60) as pool:
+        pool.reset_many({s: Reset(f"g{s}") for s in range(3)})
+        pool.submit({1: Reset(f"wait {first}"), 2: Reset(f"wait {second}")})
+        pool.submit({0: "wave"})  # queued while the worker loads the first game
+        first.touch()
+        answers: dict[int, Any] = {}
+        while not {0, 1} <= answers.keys():
+            got = pool.collect(timeout=30)
+            assert got, "no answer in 30 s"
+            answers.update(got)
+        assert 2 not in answers  # the second load is still waiting for its file
+        assert answers[0].observation == "did wave"  # type: ignore[union-attr]
+        second.touch()
+        assert set(pool.collect(timeout=30)) == {2}
 
 
 def test_submit_and_collect_hand_back_each_answer_when_it_arrives(tmp_path: Path) -> None:
