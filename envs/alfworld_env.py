@@ -16,12 +16,16 @@ goes to TextWorld's grammar), and a memoized text is reused only while everythin
 unchanged. ``fast_text=False`` uses TextWorld's grammar throughout, to check equality any time.
 
 Cheap resets (``reset_cache``). Building a game's state runs fast-downward's translation of the
-PDDL problem (twice: one for play, one for replanning), 0.2-0.8 s a game. The engine keeps, for
-the ``reset_cache`` games it loaded last, the parsed logic, the named entities and the
+PDDL problem (twice: one for play, one for replanning), 0.2-0.8 s a game. The process keeps, for
+the ``reset_cache`` games its engines loaded last, the parsed logic, the named entities and the
 translation (task, SAS texts and the facts the state started with, ~4 MB a game); a reset of
-one of them loads the same SAS into fast-downward and adds the same facts in the same order, so
-the state is equal to a freshly translated one, iteration orders included, without translating.
-Replaying ``d`` actions after such a reset costs ``d`` steps.
+one of them, by any engine of the process, loads the same SAS into that engine's fast-downward
+and adds the same facts in the same order, so the state is equal to a freshly translated one,
+iteration orders included, without translating. The cache is the process's, not an engine's:
+an env worker keeps an engine per slot it serves, and a game's next trial seldom lands on the
+slot that played the last one. (Engines share a game's grammar memo too: a memoized text is
+keyed by the versions of the facts it read, which are unique in the process.) Replaying ``d``
+actions after such a reset costs ``d`` steps.
 """
 
 from __future__ import annotations
@@ -96,6 +100,11 @@ class _Game:
     translation: Translation | None  # None: every reset translates the problem again
 
 
+# The games this process's engines loaded last (least recently loaded first), by (fast_text,
+# content): shared by every engine of the process, at most its engines' ``reset_cache``.
+_LOADED: OrderedDict[tuple[bool, str], _Game] = OrderedDict()
+
+
 def _game_key(data: dict[str, Any]) -> str:
     """Names a game by its content, so one game under two paths is one cache entry."""
     digest = hashlib.sha256()
@@ -139,18 +148,17 @@ def _make_engine(fast_text: bool = True, reset_cache: int = DEFAULT_RESET_CACHE)
             super().__init__(textworld.EnvInfos(admissible_commands=True, won=True, feedback=True))
             self._fresh = False
             self._current: _Game | None = None
-            self._games: OrderedDict[str, _Game] = OrderedDict()  # least recently loaded first
 
         def load(self, data: Any) -> None:
-            """PddlEnv.load for game data, with ALFWorld's names; a cached game is not re-parsed
-            nor re-translated."""
+            """PddlEnv.load for game data, with ALFWorld's names; a game in the process's cache
+            is not re-parsed nor re-translated."""
             _forget_propositions()
-            key = _game_key(data)
-            game = self._games.get(key)
+            key = (fast_text, _game_key(data))
+            game = _LOADED.get(key) if reset_cache else None
             if game is not None:
-                self._games.move_to_end(key)
+                _LOADED.move_to_end(key)
                 assert game.translation is not None
-                self._pddl_state = restore_state(state_class, game.translation)
+                self._pddl_state = restore_state(state_class, game.translation, self.downward_lib)
             else:
                 logic = pddl_logic.GameLogic(domain=data["pddl_domain"], grammar=data["grammar"])
                 self._pddl_state = state_class(self.downward_lib, data["pddl_problem"], logic)
@@ -163,9 +171,9 @@ def _make_engine(fast_text: bool = True, reset_cache: int = DEFAULT_RESET_CACHE)
                 translation = Translation.of(self._pddl_state) if reset_cache else None
                 game = _Game(logic, infos, translation)
                 if reset_cache:
-                    self._games[key] = game
-                    while len(self._games) > reset_cache:
-                        self._games.popitem(last=False)
+                    _LOADED[key] = game
+                    while len(_LOADED) > reset_cache:
+                        _LOADED.popitem(last=False)
             self._game_file = None
             self._game_data = data
             self.walkthrough = data.get("walkthrough", None)
@@ -180,7 +188,9 @@ def _make_engine(fast_text: bool = True, reset_cache: int = DEFAULT_RESET_CACHE)
             if not self._fresh:
                 assert self._current is not None
                 if self._current.translation is not None:
-                    self._pddl_state = restore_state(state_class, self._current.translation)
+                    self._pddl_state = restore_state(
+                        state_class, self._current.translation, self.downward_lib
+                    )
                 else:
                     self._pddl_state = state_class(
                         self.downward_lib, self._game_data["pddl_problem"], self._logic

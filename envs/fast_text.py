@@ -177,12 +177,13 @@ class Translation:
         return cls(attributes, tuple(state._added), getattr(state, "epoch", 0))
 
 
-def restore_state(cls: Any, translation: Translation) -> Any:
+def restore_state(cls: Any, translation: Translation, downward_lib: Any) -> Any:
     """A new ``cls`` state equal to a freshly translated one, without translating.
 
     Sets the attributes ``PddlState.__init__`` sets, from the translation, loads the same SAS
-    into fast-downward and adds the same facts in the same order: equal data, equal iteration
-    orders. A tracked state gets the translation's ``epoch``: its content is the first one's.
+    into fast-downward (``downward_lib``: the engine's own, which need not be the one that
+    translated) and adds the same facts in the same order: equal data, equal iteration orders.
+    A tracked state gets the translation's ``epoch``: its content is the first one's.
     """
 
     state = cls.__new__(cls)
@@ -194,6 +195,7 @@ def restore_state(cls: Any, translation: Translation) -> Any:
     state._var_counts = Counter()
     for name, value in translation.attributes.items():
         setattr(state, name, value)
+    state.downward_lib = downward_lib
     state.downward_lib.load_sas(state.sas.encode("utf-8"))
     state.downward_lib.load_sas_replan(state.sas_replan.encode("utf-8"))
     for props in translation.added:

@@ -478,6 +478,7 @@ class EnvPool(_PoolAPI):
         self._outbox: list[deque[tuple[int, Call]]] = [deque() for _ in range(self.workers)]
         self._sent: list[deque[tuple[int, Call]]] = [deque() for _ in range(self.workers)]
         self._home = [slot % self.workers for slot in range(slots)]  # each slot's worker
+        self._loaded_on: dict[str | None, int] = {}  # the worker each game was last reset on
         self._progress = [0.0] * self.workers
         self._ready: dict[int, Outcome] = {}  # answered, not yet handed back
         self._busy: set[int] = set()  # submitted, not yet handed back
@@ -586,15 +587,23 @@ class EnvPool(_PoolAPI):
     # -- internals -----------------------------------------------------------------------
     def _place(self, slot: int, call: Call) -> int:
         """The worker a call goes to. A slot's steps go where its episode is; a reset that starts
-        another game goes to the worker with the fewest calls waiting or running (the slot's own
-        on a tie) and the slot moves there, so that no worker idles while every episode it holds
-        waits for the model and another worker has resets queued. A reset of the slot's own
-        game (a restore, a re-simulation) stays, for the worker's reset cache. A worker keeps an
-        env for each slot it has held (at most ``slots``)."""
+        another game goes to the worker with the fewest resets waiting or running, counting one
+        less on the worker that last loaded that game (its reset cache skips the game's
+        translation: a reset's time), then the fewest calls, then the slot's own; the slot
+        moves there, so that no worker idles while every episode it holds waits for the model
+        and another worker has resets queued. A reset of the slot's own game (a restore, a
+        re-simulation) stays, for the worker's reset cache. A worker keeps an env for each slot
+        it has held (at most ``slots``)."""
         home = self._home[slot]
         if isinstance(call, Reset) and call.game != self._episodes.games[slot]:
             load = [self._load(i) for i in range(self.workers)]
-            self._home[slot] = min(range(self.workers), key=lambda i: (load[i], i != home))
+            kept = self._loaded_on.get(call.game)
+            self._home[slot] = min(
+                range(self.workers),
+                key=lambda i: (load[i][0] - (i == kept), load[i][1], i != home),
+            )
+        if isinstance(call, Reset) and call.game is not None:
+            self._loaded_on[call.game] = self._home[slot]
         return self._home[slot]
 
     def _load(self, index: int) -> tuple[int, int]:

@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from envs import alfworld_env
 from envs.alfworld_env import ALFWorldEnv
 from envs.discovery import SPLITS
 from tests.conftest import FULL_CHECKS, alfworld_data_dir
@@ -225,6 +226,14 @@ def test_restored_state_is_built_as_a_translated_one(generated_games: Path) -> N
         assert list(restored._facts[sig]) == list(facts), sig
 
 
+@pytest.fixture(autouse=True)
+def no_games_loaded_before() -> Any:
+    """Each test starts with the process's cache of loaded games empty (its counts depend on it)."""
+    alfworld_env._LOADED.clear()
+    yield
+    alfworld_env._LOADED.clear()
+
+
 class TranslationCount:
     """Counts fast-downward translations (the real translator runs)."""
 
@@ -266,6 +275,30 @@ def test_reset_cache_translates_each_game_once_and_stays_bounded(
     off = ALFWorldEnv(generated_games, GENERATED_SPLIT, reset_cache=0)
     assert count.during(lambda: off.reset(options={"game": a})) == 1
     assert count.during(lambda: off.reset(options={"game": a})) == 1
+
+
+def test_the_engines_of_a_process_share_its_games_and_play_apart(
+    generated_games: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An env worker keeps an engine per slot: a game one engine translated is restored by
+    another without translating, into that engine's own fast-downward; the two then play on,
+    interleaved, each exactly as a cold env does."""
+    game = small_games(generated_games, GENERATED_SPLIT, 1)[0]
+    count = TranslationCount(monkeypatch)
+    envs = [ALFWorldEnv(generated_games, GENERATED_SPLIT, reset_cache=4) for _ in range(2)]
+    colds = [ALFWorldEnv(generated_games, GENERATED_SPLIT, reset_cache=0) for _ in range(2)]
+    got: list[Any] = [None, None]
+    assert count.during(lambda: got.__setitem__(0, envs[0].reset(options={"game": game}))) == 1
+    assert count.during(lambda: got.__setitem__(1, envs[1].reset(options={"game": game}))) == 0
+    assert envs[0]._engine._pddl_state.downward_lib is not envs[1]._engine._pddl_state.downward_lib
+    want: list[Any] = [cold.reset(options={"game": game}) for cold in colds]
+    assert got == want
+    rngs = [random.Random(1), random.Random(2)]
+    for _ in range(12):
+        for i in (0, 1):  # one step each, in turn
+            action = rngs[i].choice(want[i][-1]["admissible_commands"])
+            got[i], want[i] = envs[i].step(action), colds[i].step(action)
+            assert got[i] == want[i], (i, action)
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "4"])

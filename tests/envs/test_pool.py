@@ -294,6 +294,16 @@ def test_a_new_episode_goes_to_the_worker_with_less_work(tmp_path: Path) -> None
         assert pool.worker_of(0) == 0 and pool.restarts == 0
 
 
+def test_a_game_goes_back_to_the_worker_that_loaded_it() -> None:
+    """A game's next reset (its next trial, on another slot) goes to the worker whose reset
+    cache holds it, when that worker is no busier."""
+    with EnvPool(SLEEPY, workers=2, slots=4, timeout_s=60) as pool:
+        pool.reset_many({0: Reset("a"), 1: Reset("b")})
+        assert [pool.worker_of(s) for s in (0, 1)] == [0, 1]
+        moved = pool.reset_many({1: Reset("a")})  # slot 1's next game: worker 0 loaded it
+        assert pool.worker_of(1) == 0 and moved[1].info["pid"] == pool.pid(0)  # type: ignore[union-attr]
+
+
 def test_a_step_waits_for_one_reset_not_for_every_reset_queued(tmp_path: Path) -> None:
     """A worker gets its queued steps and at most one reset at a time: a step that comes while
     it loads a game is answered before the next game's load begins."""
