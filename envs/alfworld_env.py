@@ -255,8 +255,9 @@ class ALFWorldEnv(gym.Env[str, str]):
     the walkthrough (ground truth: :func:`game_walkthrough` reads it from the game file).
 
     ``fast_text=False`` derives all text with TextWorld's own grammar code (same text, ~10-50x
-    slower steps); ``reset_cache`` is how many games' translated problems the env keeps, so that a
-    reset of one of them skips fast-downward's translation (0: every reset translates).
+    slower steps); ``reset_cache`` is how many games' translated problems the process keeps (for
+    all its envs), so that a reset of one of them skips fast-downward's translation (0: this
+    env translates every reset).
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}

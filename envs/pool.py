@@ -479,6 +479,7 @@ class EnvPool(_PoolAPI):
         self._sent: list[deque[tuple[int, Call]]] = [deque() for _ in range(self.workers)]
         self._home = [slot % self.workers for slot in range(slots)]  # each slot's worker
         self._loaded_on: dict[str | None, int] = {}  # the worker each game was last reset on
+        self._cold: dict[int, bool] = {}  # each slot's last reset: whether it loads its game anew
         self._progress = [0.0] * self.workers
         self._ready: dict[int, Outcome] = {}  # answered, not yet handed back
         self._busy: set[int] = set()  # submitted, not yet handed back
@@ -587,30 +588,34 @@ class EnvPool(_PoolAPI):
     # -- internals -----------------------------------------------------------------------
     def _place(self, slot: int, call: Call) -> int:
         """The worker a call goes to. A slot's steps go where its episode is; a reset that starts
-        another game goes to the worker with the fewest resets waiting or running, counting one
-        less on the worker that last loaded that game (its reset cache skips the game's
-        translation: a reset's time), then the fewest calls, then the slot's own; the slot
-        moves there, so that no worker idles while every episode it holds waits for the model
-        and another worker has resets queued. A reset of the slot's own game (a restore, a
-        re-simulation) stays, for the worker's reset cache. A worker keeps an env for each slot
-        it has held (at most ``slots``)."""
+        another game goes where it is answered soonest, as far as loads go: the worker with the
+        fewest game loads waiting or running, this one included (a load translates the game:
+        most of a second; a game the worker loaded last comes from its reset cache, and a step
+        takes milliseconds), then the fewest calls, then the slot's own; the slot moves there,
+        so that no worker idles while every episode it holds waits for the model and another
+        worker has loads queued. A reset of the slot's own game (a restore, a re-simulation)
+        stays, for the worker's reset cache. A worker keeps an env for each slot it has held (at
+        most ``slots``)."""
         home = self._home[slot]
-        if isinstance(call, Reset) and call.game != self._episodes.games[slot]:
-            load = [self._load(i) for i in range(self.workers)]
+        if isinstance(call, Reset):
             kept = self._loaded_on.get(call.game)
-            self._home[slot] = min(
-                range(self.workers),
-                key=lambda i: (load[i][0] - (i == kept), load[i][1], i != home),
-            )
-        if isinstance(call, Reset) and call.game is not None:
-            self._loaded_on[call.game] = self._home[slot]
+            if call.game != self._episodes.games[slot]:
+                load = [self._load(i) for i in range(self.workers)]
+                self._home[slot] = min(
+                    range(self.workers),
+                    key=lambda i: (load[i][0] + (i != kept), load[i][1], i != home),
+                )
+            self._cold[slot] = call.game is None or kept != self._home[slot]
+            if call.game is not None:
+                self._loaded_on[call.game] = self._home[slot]
         return self._home[slot]
 
     def _load(self, index: int) -> tuple[int, int]:
-        """How busy worker ``index`` is: its resets waiting or running (a game's first load
-        takes most of a second, a step milliseconds), then all its calls."""
+        """How busy worker ``index`` is: the game loads waiting or running there (resets of a
+        game it did not load last), then all its calls."""
         calls = [*self._outbox[index], *self._sent[index]]
-        return sum(isinstance(c, Reset) for _, c in calls), len(calls)
+        cold = sum(isinstance(c, Reset) and self._cold.get(slot, True) for slot, c in calls)
+        return cold, len(calls)
 
     def _slots_on(self, index: int) -> list[int]:
         """The slots whose episodes live on worker ``index``."""

@@ -293,7 +293,8 @@ class ExecutionConfig:
     reset_cache: int = option(
         DEFAULT_RESET_CACHE,
         "ALFWorld games whose parsed state each env worker keeps, so that a later reset of one "
-        "skips its translation (~4 MB each; 0: none); each trial resets every game again",
+        "skips its translation (~4 MB each; 0: none); each trial resets every game again, so a "
+        "night wants about its games over --workers",
         minimum=0,
         resumable=True,
     )
