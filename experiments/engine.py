@@ -391,11 +391,8 @@ class Engine:
             if not isinstance(exc, ContextLimitError | ModelRestarted):  # they log their own
                 self.store.log_event("infra_error", f"{type(exc).__name__}: {exc}", episode_id)
             raise
-        u = self.usage
-        self.usage = Tokens(
-            u.prompt + completion.prompt_tokens,
-            u.completion + completion.completion_tokens,
-            u.cached_prompt + completion.cached_tokens,
+        self.usage += Tokens(
+            completion.prompt_tokens, completion.completion_tokens, completion.cached_tokens
         )
         self.store.add_model_call(
             ModelCall(

@@ -157,18 +157,6 @@ class SharedUsage:
         return Tokens(sum(values[0::3]), sum(values[1::3]), sum(values[2::3]))
 
 
-def _plus(a: Tokens, b: Tokens) -> Tokens:
-    return Tokens(
-        a.prompt + b.prompt, a.completion + b.completion, a.cached_prompt + b.cached_prompt
-    )
-
-
-def _minus(a: Tokens, b: Tokens) -> Tokens:
-    return Tokens(
-        a.prompt - b.prompt, a.completion - b.completion, a.cached_prompt - b.cached_prompt
-    )
-
-
 @dataclass(frozen=True)
 class ShardJob:
     """What one process needs to play its part (pickled to it)."""
@@ -198,6 +186,7 @@ class _Shards:
         self.ends: dict[int, tuple[str, str | None]] = {}  # index -> (how, reason or error)
         self.failed: str | None = None  # the first process that died or crashed, in words
         self.used_before = store.token_totals()
+        self.deadline = Budget(plan.cfg).deadline  # the run's, worked out once
         self.task_done: Callable[[Task, bool, int], None] = lambda task, won, trial: None
 
     def _job(self, index: int, tasks: list[Task]) -> ShardJob:
@@ -208,7 +197,7 @@ class _Shards:
         )
         return ShardJob(
             index, k, own, self.plan.run_dir, replace(self.plan.games, tasks=tasks),
-            self.plan.experience, self.used_before, Budget(cfg).deadline, os.getpid(),
+            self.plan.experience, self.used_before, self.deadline, os.getpid(),
         )  # fmt: skip
 
     async def play(self, task_done: Callable[[Task, bool, int], None]) -> str | None:
@@ -270,7 +259,7 @@ class _Shards:
             if event[0] == "step":
                 self.progress.step_done(event[1])
             elif event[0] == "episode":
-                tokens = _plus(self.used_before, self.usage.total()).total
+                tokens = (self.used_before + self.usage.total()).total
                 self.progress.episode_done(event[1], tokens, event[2])
             elif event[0] == "task":
                 self.task_done(event[1], event[2], event[3])
@@ -420,8 +409,8 @@ async def _play(
         budget.deadline = job.deadline  # the parent's: not a moment later in each process
 
         def should_stop(used: Tokens) -> str | None:
-            usage.put(job.index, _minus(used, began))
-            return budget(_plus(job.used_before, usage.total()))
+            usage.put(job.index, used - began)
+            return budget(job.used_before + usage.total())
 
         engine.should_stop = should_stop
         flusher = asyncio.ensure_future(_flush(forward, job.parent))

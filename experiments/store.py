@@ -425,6 +425,20 @@ class Tokens:
     def total(self) -> int:
         return self.prompt + self.completion
 
+    def __add__(self, other: Tokens) -> Tokens:
+        return Tokens(
+            self.prompt + other.prompt,
+            self.completion + other.completion,
+            self.cached_prompt + other.cached_prompt,
+        )
+
+    def __sub__(self, other: Tokens) -> Tokens:
+        return Tokens(
+            self.prompt - other.prompt,
+            self.completion - other.completion,
+            self.cached_prompt - other.cached_prompt,
+        )
+
     def cost_usd(self, model: str) -> float:
         """What these tokens cost with ``model`` (a model spec; 0 for a local one). A store
         written before servers' counts were checked (:mod:`agents.llm.answers`) may hold
