@@ -5,9 +5,11 @@ module implements. An episode advances the moment its own model answer or env re
 
 - env calls go to the worker pool at once and come back as each finishes
   (:class:`envs.aio.AsyncEnvPool`); a slow reset holds up only its own episode;
-- model requests reach the backend as they come (:class:`ModelClient`): a backend with its own
-  scheduler (vLLM's async engine) gets every request at once and batches them continuously; an
-  HTTP backend gets each request in its own thread, at most ``max_in_flight`` at a time; a
+- model requests reach the backend as they come (:class:`ModelClient`): a backend that awaits
+  requests (vLLM's async engine, which batches them continuously; the OpenAI-compatible client,
+  whose HTTP runs on a loop of its own) gets every request at once and bounds what it has in
+  flight itself; another HTTP backend (Anthropic's SDK) gets each request in its own thread, at
+  most ``max_in_flight`` at a time; a
   backend that answers at once (``scheduling = "inline"``: the scripted policies) is called on
   the loop itself, as an async engine's submission is; any other backend (llama.cpp,
   transformers) gets everything pending, one batch at a time, the next batch formed from

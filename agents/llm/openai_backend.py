@@ -15,26 +15,29 @@ so is a ``base_url`` server that answers a wrapped prompt with ``404`` (it has n
 the prompt is never sent elsewhere than where the run's config says. ``describe()`` records the
 endpoint (``api``) and the ``chat_format`` of what was sent (``"raw"`` for completions).
 
-Requests of a batch are sent concurrently by a thread pool; a lone request (the engine sends each
-on its own, from a thread of its own) is sent from the caller's thread; at most ``concurrency``
-(default 8) are in flight at once, lone and batched together. The SDK's own retries are off; :mod:`agents.llm.retry` retries timeouts, 429 (honouring
-Retry-After), 5xx, dropped connections and malformed JSON, counts them in
-``Completion.retries`` (and in a failed request's ``BackendError.retries``) and logs them on
-``agents.llm.openai``.
+Requests go out on an event loop of the backend's own (:mod:`agents.llm.aio_http`: one
+``aiohttp`` session, keep-alive connections, no SDK and no thread per request): ``agenerate``
+awaits one from the caller's event loop (the engine's way: no thread each), ``generate`` sends a
+batch concurrently and waits; at most ``concurrency`` (default 8) are in flight at once, both
+ways together. :mod:`agents.llm.retry` retries timeouts, 429 (honouring Retry-After), 408, 409,
+5xx, dropped connections and malformed JSON, counts them in ``Completion.retries`` (and in a
+failed request's ``BackendError.retries``) and logs them on ``agents.llm.openai``; any other
+status fails the request at once (``HTTPError``, naming the status and the server's message).
 
 ``timeout`` (seconds, default 60) is the deadline of one whole attempt: waiting for a
-connection, connecting, sending and reading the entire answer (:mod:`agents.llm.deadline`), not
-httpx's per-chunk read timeout, so a server that trickles its answer or never ends it cannot hold
-a request longer. Each retry (``max_retries``, default 6) is a new attempt with a deadline of its
-own: a request that keeps failing ends within ``(max_retries + 1) * timeout`` plus the waits
-between attempts (``backoff_base``, ``backoff_max``, ``jitter``, ``max_retry_after``).
-``close()`` ends the requests in flight at once (an interrupted run does not wait for them).
-An answer longer than ``max_tokens`` allows is a server fault: cut, logged, and flagged with
-the finish reason ``oversized`` (see :func:`agents.llm.common.finish_texts`).
+connection, connecting, sending and reading the entire answer, so a server that trickles its
+answer or never ends it cannot hold a request longer. Each retry (``max_retries``, default 6)
+is a new attempt with a deadline of its own: a request that keeps failing ends within
+``(max_retries + 1) * timeout`` plus the waits between attempts (``backoff_base``,
+``backoff_max``, ``jitter``, ``max_retry_after``). ``close()`` ends the requests in flight at
+once (an interrupted run does not wait for them). An answer longer than ``max_tokens`` allows is
+a server fault: cut, logged, and flagged with the finish reason ``oversized`` (see
+:func:`agents.llm.common.finish_texts`).
 
 The key comes only from the environment variable ``api_key_env`` (default ``OPENAI_API_KEY``);
 a ``base_url`` server without one gets a dummy key. It never appears in ``describe()``,
-``repr``, logs or errors raised here.
+``repr``, logs or errors raised here. ``OPENAI_ORG_ID`` and ``OPENAI_PROJECT_ID``, when set,
+are sent as the OpenAI API's organization and project headers.
 
 Grounded decoding (``Request.constraint``) uses the server's own constrained decoding, in the
 dialect named by ``grammar_dialect``:
@@ -73,15 +76,18 @@ llama.cpp server, whose default of 1.1 differs from the OpenAI API's none).
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import hashlib
+import json
 import logging
 import os
-import threading
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
 
+from agents.llm.aio_http import Answer, HttpLoop
 from agents.llm.answers import MalformedResponse, count, json_object
 from agents.llm.base import ActionConstraint, BackendError, Completion, Request, SpecError
 from agents.llm.common import (
@@ -95,25 +101,25 @@ from agents.llm.common import (
     opt_float,
     opt_int,
     prompt_as_messages,
-    require,
     routing_key,
     safe_url,
     url_secrets,
 )
-from agents.llm.deadline import RequestGuard
 from agents.llm.grounding import gbnf_for, regex_for, viable_prefix
 from agents.llm.redaction import redact
 from agents.llm.retry import (
     Retryable,
     RetryPolicy,
-    call_with_retries,
-    classify_sdk_error,
-    concurrent_map,
+    acall_with_retries,
+    classify_answer_error,
+    parse_retry_after,
 )
 
 log = logging.getLogger("agents.llm.openai")
 
 DUMMY_KEY = "sk-local-no-key"
+OPENAI_API = "https://api.openai.com/v1"
+ERROR_TEXT_CHARS = 2000  # of an error answer's body kept in the error's message
 _MAX_STOPS = 4  # the OpenAI API accepts at most 4 stop strings; the rest are applied here
 GRAMMAR_DIALECTS: dict[str, str] = {
     "vllm": "vLLM structured outputs (regex)",
@@ -140,18 +146,39 @@ def data_parallel_rank(request: Request, size: int) -> int:
     return int.from_bytes(digest[:8], "big") % size
 
 
-def classify_openai_error(exc: BaseException) -> Retryable | None:
-    """Retryable for timeouts, dropped connections, 408/409/429/5xx and malformed JSON."""
-    import openai  # heavy: openai is an optional extra
+class HTTPError(Exception):
+    """The server refused a request with a status not worth retrying (400, 401, 404, ...):
+    the status, and the server's message (``code``: the OpenAI API's error code, if any)."""
 
-    return classify_sdk_error(openai, exc)
+    def __init__(self, status: int, text: str, code: str | None) -> None:
+        super().__init__(f"HTTP {status}: {text}" if text else f"HTTP {status}")
+        self.status = status
+        self.code = code
+
+
+def status_error(answer: Answer) -> Exception:
+    """What a non-2xx answer means: Retryable for 408, 409, 429 and 5xx (with its Retry-After),
+    else an :class:`HTTPError`."""
+    status = answer.status
+    if status in (408, 409, 429) or status >= 500:
+        return Retryable(f"HTTP {status}", parse_retry_after(answer.headers))
+    text = answer.body.decode("utf-8", "replace").strip()
+    code = None
+    try:
+        body = json.loads(text)
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        error = body.get("error", body)
+        if isinstance(error, dict) and error.get("code") is not None:
+            code = str(error["code"])
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            text = error["message"]
+    return HTTPError(status, " ".join(text.split())[:ERROR_TEXT_CHARS], code)
 
 
 class OpenAIBackend:
     """An OpenAI-compatible HTTP model. See the module docstring for the options."""
-
-    # the engine sends each request on its own as it comes, at most its concurrency at once
-    scheduling = "per_request"
 
     def __init__(
         self,
@@ -182,7 +209,7 @@ class OpenAIBackend:
         if api not in ("auto", "completions", "chat"):
             raise SpecError(f"{who}: api={api!r} must be auto, completions or chat")
         self.model = model
-        # the SDK would read OPENAI_BASE_URL itself; resolve it here so describe() tells the truth
+        # OPENAI_BASE_URL, as the OpenAI SDK reads it; resolved here so describe() tells the truth
         base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
         self.base_url = base_url
         self.api, self.chat_format = _endpoint(api, chat_format, base_url)
@@ -215,20 +242,11 @@ class OpenAIBackend:
                     "(or pass base_url= for a local OpenAI-compatible server)"
                 )
             key = DUMMY_KEY
-        # the key lives only in this closure and the SDK client (and the URL's secrets)
+        # the key lives only in this closure and the request headers (and the URL's secrets)
         self._scrub = key_scrubber(key, *url_secrets(base_url))
-        openai = _import_openai()
-
-        self._guard = RequestGuard(self.timeout)  # timeout: the whole of each attempt
-        self._client = openai.OpenAI(
-            api_key=key,
-            base_url=base_url,
-            max_retries=0,
-            timeout=self.timeout,
-            http_client=self._guard.http_client(openai),
-        )
-        self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="openai")
-        self._width = threading.BoundedSemaphore(self.concurrency)
+        root, self._headers = _root_and_headers(base_url or OPENAI_API, key)
+        self._urls = {"completions": f"{root}/completions", "chat": f"{root}/chat/completions"}
+        self._http = HttpLoop(width=self.concurrency, timeout=self.timeout, name=self.name)
 
     def __repr__(self) -> str:
         return f"OpenAIBackend(name={self.name!r}, base_url={safe_url(self.base_url)!r})"
@@ -270,18 +288,29 @@ class OpenAIBackend:
 
     # -- generation ----------------------------------------------------------------------------
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
-        indexed = list(enumerate(requests))
+        """The requests' answers, sent concurrently; the first failure is raised (the others
+        are ended)."""
         try:
-            if len(indexed) == 1:  # the engine's way: one request, in a thread of its own already
-                return [self._within_width(*indexed[0])]
-            return concurrent_map(lambda item: self._within_width(*item), indexed, self._pool)
+            return self._http.run(self._all(requests))
         except _NoChatEndpoint as exc:
             raise SpecError(str(exc)) from None  # the run's config, not a request, is wrong
 
-    def _within_width(self, index: int, request: Request) -> Completion:
-        """One request, counted among the ``concurrency`` in flight (lone and batched alike)."""
-        with self._width:
-            return self._one(index, request)
+    async def agenerate(self, request: Request) -> Completion:
+        """One request from the caller's event loop, awaited without a thread."""
+        try:
+            return await asyncio.wrap_future(self._http.submit(self._one(0, request)))
+        except _NoChatEndpoint as exc:
+            raise SpecError(str(exc)) from None
+
+    async def _all(self, requests: Sequence[Request]) -> list[Completion]:
+        tasks = [asyncio.ensure_future(self._one(i, r)) for i, r in enumerate(requests)]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
 
     def _payload(self, request: Request) -> tuple[str, dict[str, Any]]:
         c = request.config
@@ -329,33 +358,38 @@ class OpenAIBackend:
             params["extra_headers"] = {"X-data-parallel-rank": str(rank)}
         return endpoint, params
 
-    def _one(self, index: int, request: Request) -> Completion:
-        endpoint, params = self._payload(request)
-        api = (
-            self._client.completions if endpoint == "completions" else self._client.chat.completions
-        )
-        create = api.with_raw_response.create  # the answer's JSON as sent, checked by _parse
+    async def _one(self, index: int, request: Request) -> Completion:
+        """One request on the backend's loop, counted among the ``concurrency`` in flight."""
+        async with self._http.width:
+            return await self._send(index, request)
 
-        def call() -> Any:
-            try:
-                response = create(**params)
-            except Exception as exc:
-                if endpoint == "chat" and request.prompt is not None and _not_found(exc):
-                    raise _NoChatEndpoint(self._no_chat_endpoint(exc)) from None
-                raise
-            return _parse(endpoint, response.http_response.json())
+    async def _send(self, index: int, request: Request) -> Completion:
+        endpoint, params = self._payload(request)
+        url = self._urls[endpoint]
+        body, headers = _wire(params, self._headers.value)
+
+        async def call() -> Any:
+            answer = await self._http.post(url, body, headers)
+            if not 200 <= answer.status < 300:
+                error = status_error(answer)
+                no_chat = endpoint == "chat" and request.prompt is not None
+                if no_chat and isinstance(error, HTTPError) and error.status == 404:
+                    raise _NoChatEndpoint(self._no_chat_endpoint(error))
+                raise error
+            return _parse(endpoint, json.loads(answer.body))  # checked by _parse
 
         start = time.perf_counter()
         label = f"{self.name} request {index}"
         errors: list[str] = []
-        (texts, finishes, usage), retries = call_with_retries(
+        (texts, finishes, usage), retries = await acall_with_retries(
             call,
-            classify_openai_error,
+            classify_answer_error,
             self.policy,
             log=log,
             label=label,
+            sleep=self._http.sleep,
             scrub=self._scrub,
-            cancelled=self._guard.cancelled,
+            cancelled=self._http.cancelled,
             errors=errors,
         )
         latency = time.perf_counter() - start
@@ -390,7 +424,7 @@ class OpenAIBackend:
         )
 
     def _no_chat_endpoint(self, exc: BaseException) -> str:
-        said = self._scrub(str(getattr(exc, "message", exc)))[:200]
+        said = self._scrub(str(exc))[:200]
         return (
             f"{self.name}: the server at {safe_url(self.base_url)} answered 404 to "
             f"/chat/completions ({said}): it has no chat endpoint for --chat-format "
@@ -401,17 +435,11 @@ class OpenAIBackend:
     def close(self) -> None:
         """End the requests in flight at once (they fail with a BackendError that says the
         backend was closed) and release the connections; waits for nothing."""
-        self._guard.cancel()
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        self._client.close()
+        self._http.close()
 
 
 class _NoChatEndpoint(BackendError):
     """A wrapped prompt answered with 404: the server has no chat endpoint (not retried)."""
-
-
-def _not_found(exc: BaseException) -> bool:
-    return getattr(exc, "status_code", None) == 404 and hasattr(exc, "response")
 
 
 def _endpoint(api: str, chat_format: str | None, base_url: str | None) -> tuple[str, str]:
@@ -468,8 +496,51 @@ def _sends_session_id(name: str, base_url: str | None, value: bool | str | None)
     return send
 
 
-def _import_openai() -> Any:
-    return require("openai", "openai", "openai")
+class _Hidden:
+    """Headers that hold the key, kept out of ``repr``."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: dict[str, str]) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return "<headers>"
+
+
+def _root_and_headers(base_url: str, key: str) -> tuple[str, _Hidden]:
+    """The URL requests go under, and the headers every request carries: the key (as a bearer
+    token; a user and password in the URL are sent as basic auth instead, as the OpenAI SDK
+    does), and the OpenAI API's organization and project where the environment names them."""
+    parts = urlsplit(base_url.rstrip("/"))
+    auth = f"Bearer {key}"
+    if parts.username is not None or parts.password is not None:
+        user = unquote(parts.username or "")
+        password = unquote(parts.password or "")
+        auth = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+        host = parts.netloc.rpartition("@")[2]
+        parts = parts._replace(netloc=host)
+    headers = {
+        "Authorization": auth,
+        "Content-Type": "application/json",
+        "Accept": "application/json",
+        "User-Agent": "reflexsim",
+    }
+    for env, header in (
+        ("OPENAI_ORG_ID", "OpenAI-Organization"),
+        ("OPENAI_PROJECT_ID", "OpenAI-Project"),
+    ):
+        if os.environ.get(env):
+            headers[header] = os.environ[env]
+    return urlunsplit(parts), _Hidden(headers)
+
+
+def _wire(params: Mapping[str, Any], headers: Mapping[str, str]) -> tuple[bytes, dict[str, str]]:
+    """A request's JSON body and headers from its parameters (``extra_body`` merged into the
+    body, ``extra_headers`` into the headers, as the OpenAI SDK sends them)."""
+    fields = {k: v for k, v in params.items() if k not in ("extra_body", "extra_headers")}
+    fields.update(params.get("extra_body") or {})
+    return json.dumps(fields).encode(), {**headers, **(params.get("extra_headers") or {})}
 
 
 def _parse(endpoint: str, answer: Any) -> tuple[list[str], list[str], tuple[int, int, int]]:

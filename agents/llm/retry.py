@@ -20,7 +20,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -100,6 +100,12 @@ def classify_sdk_error(sdk: Any, exc: BaseException) -> Retryable | None:
             headers = dict(exc.response.headers) if exc.response is not None else {}
             return Retryable(f"HTTP {status}", parse_retry_after(headers))
         return None
+    return classify_answer_error(exc)
+
+
+def classify_answer_error(exc: BaseException) -> Retryable | None:
+    """Retryable for an answer that is not the answer expected (malformed JSON, missing
+    fields), else None."""
     if isinstance(exc, MalformedResponse):
         return Retryable(f"malformed response ({exc})")
     if isinstance(exc, json.JSONDecodeError | UnicodeDecodeError):
@@ -134,6 +140,87 @@ def parse_retry_after(headers: Mapping[str, str] | None, now: float | None = Non
     return max(when.timestamp() - (time.time() if now is None else now), 0.0)
 
 
+class _Attempts:
+    """The retry decisions for one request, shared by :func:`call_with_retries` and
+    :func:`acall_with_retries` (which differ only in how they call and wait)."""
+
+    def __init__(
+        self,
+        classify: Callable[[BaseException], Retryable | None],
+        policy: RetryPolicy,
+        log: logging.Logger,
+        label: str,
+        scrub: Callable[[str], str],
+        cancelled: threading.Event | None,
+        errors: list[str] | None,
+    ) -> None:
+        self.classify = classify
+        self.policy = policy
+        self.log = log
+        self.label = label
+        self.scrub = scrub
+        self.cancelled = cancelled or threading.Event()
+        self.failed: list[str] = [] if errors is None else errors
+        self.made = 0  # attempts begun
+
+    @property
+    def retries(self) -> int:
+        return max(self.made - 1, 0)
+
+    def begin(self) -> None:
+        """Count an attempt; a BackendError instead once the backend is closed."""
+        self.made += 1
+        if self.cancelled.is_set():
+            msg = f"{self.label}: cancelled (the backend was closed)"
+            raise BackendError(msg, retries=self.retries, attempt_errors=(*self.failed, msg))
+
+    def failed_with(self, exc: Exception) -> float:
+        """The seconds to wait before the next attempt after ``exc``; or the request's final
+        error, raised."""
+        if isinstance(exc, BackendError):  # the backend's own verdict: not retried
+            exc.retries = self.retries
+            exc.attempt_errors = (*self.failed, str(exc))
+            raise exc
+        verdict = exc if isinstance(exc, Retryable) else self.classify(exc)
+        if verdict is None:
+            raise self._fatal(exc) from None
+        reason = self.scrub(verdict.reason)
+        self.failed.append(reason)
+        if self.cancelled.is_set() or self.made > self.policy.max_retries:
+            if self.cancelled.is_set():
+                msg = f"{self.label}: cancelled (the backend was closed) after {self.made} attempts"
+            else:
+                msg = f"{self.label}: gave up after {self.made} attempts: {reason}"
+            self.log.error(msg)
+            raise BackendError(msg, retries=self.retries, attempt_errors=self.failed) from None
+        if verdict.retry_after is not None:
+            wait = min(verdict.retry_after, self.policy.max_retry_after)
+        else:
+            exp = self.policy.backoff_base * 2.0 ** (self.made - 1)
+            wait = min(exp, self.policy.backoff_max) + random.uniform(0.0, self.policy.jitter)
+        self.log.warning(
+            "%s: %s; retry %d/%d in %.2fs",
+            self.label,
+            reason,
+            self.made,
+            self.policy.max_retries,
+            wait,
+        )
+        return wait
+
+    def _fatal(self, exc: Exception) -> BackendError:
+        """A failure not worth retrying: the prompt's own (too long for the context) or the
+        service's."""
+        msg = f"{self.label}: {type(exc).__name__}: {self.scrub(str(exc))}"
+        limit = context_limit_error(msg, getattr(exc, "code", None), self.label)
+        if limit is not None:  # the prompt's own fault: the episode's failure, not the service's
+            self.log.warning("%s", limit)
+            return limit
+        self.log.error(msg)
+        self.failed.append(msg)
+        return BackendError(msg, retries=self.retries, attempt_errors=self.failed)
+
+
 def call_with_retries(
     call: Callable[[], T],
     classify: Callable[[BaseException], Retryable | None],
@@ -155,82 +242,38 @@ def call_with_retries(
     the request fails with a BackendError that says so. Every BackendError raised carries the
     retries made.
     """
-    import tenacity  # lazily: tenacity costs ~30 ms; only a backend that calls out retries
-
-    stop_event = cancelled or threading.Event()
-    failed: list[str] = [] if errors is None else errors
-
-    def wait(state: tenacity.RetryCallState) -> float:
-        exc = state.outcome.exception() if state.outcome else None
-        if isinstance(exc, Retryable) and exc.retry_after is not None:
-            return min(exc.retry_after, policy.max_retry_after)
-        exp = policy.backoff_base * 2.0 ** (state.attempt_number - 1)
-        return min(exp, policy.backoff_max) + random.uniform(0.0, policy.jitter)
-
-    def attempt() -> T:
-        if stop_event.is_set():
-            raise BackendError(f"{label}: cancelled (the backend was closed)")
+    attempts = _Attempts(classify, policy, log, label, scrub, cancelled, errors)
+    while True:
+        attempts.begin()
         try:
-            return call()
-        except Retryable:
-            raise
+            return call(), attempts.retries
         except Exception as exc:
-            verdict = classify(exc)
-            if verdict is None:
-                raise
-            raise verdict from exc
+            wait = attempts.failed_with(exc)
+        attempts.cancelled.wait(wait)  # a wait ends when the backend is closed
 
-    def before_sleep(state: tenacity.RetryCallState) -> None:
-        exc = state.outcome.exception() if state.outcome else None
-        reason = exc.reason if isinstance(exc, Retryable) else repr(exc)
-        sleep = state.next_action.sleep if state.next_action else 0.0
-        failed.append(scrub(reason))
-        log.warning(
-            "%s: %s; retry %d/%d in %.2fs",
-            label,
-            scrub(reason),
-            state.attempt_number,
-            policy.max_retries,
-            sleep,
-        )
 
-    retrying = tenacity.Retrying(
-        stop=tenacity.stop_after_attempt(policy.max_retries + 1)
-        | tenacity.stop_when_event_set(stop_event),
-        wait=wait,
-        sleep=tenacity.nap.sleep_using_event(stop_event),  # a wait ends when it is set
-        retry=tenacity.retry_if_exception_type(Retryable),
-        before_sleep=before_sleep,
-        reraise=True,
-    )
-    attempts = 0
-    try:
-        for try_ in retrying:
-            with try_:
-                attempts = try_.retry_state.attempt_number
-                result = attempt()
-        return result, attempts - 1
-    except Retryable as exc:
-        if stop_event.is_set():
-            msg = f"{label}: cancelled (the backend was closed) after {attempts} attempts"
-        else:
-            msg = f"{label}: gave up after {attempts} attempts: {scrub(exc.reason)}"
-        log.error(msg)
-        failed.append(scrub(exc.reason))
-        raise BackendError(msg, retries=attempts - 1, attempt_errors=failed) from None
-    except BackendError as exc:
-        exc.retries = max(attempts - 1, 0)
-        exc.attempt_errors = (*failed, str(exc))
-        raise
-    except Exception as exc:
-        msg = f"{label}: {type(exc).__name__}: {scrub(str(exc))}"
-        limit = context_limit_error(msg, getattr(exc, "code", None), label)
-        if limit is not None:  # the prompt's own fault: the episode's failure, not the service's
-            log.warning("%s", limit)
-            raise limit from None
-        log.error(msg)
-        failed.append(msg)
-        raise BackendError(msg, retries=max(attempts - 1, 0), attempt_errors=failed) from None
+async def acall_with_retries(
+    call: Callable[[], Awaitable[T]],
+    classify: Callable[[BaseException], Retryable | None],
+    policy: RetryPolicy,
+    *,
+    log: logging.Logger,
+    label: str,
+    sleep: Callable[[float], Awaitable[None]],
+    scrub: Callable[[str], str] = lambda s: s,
+    cancelled: threading.Event | None = None,
+    errors: list[str] | None = None,
+) -> tuple[T, int]:
+    """:func:`call_with_retries` for a coroutine: the same attempts, waits and errors;
+    ``sleep`` waits between attempts (and should end early once ``cancelled`` is set)."""
+    attempts = _Attempts(classify, policy, log, label, scrub, cancelled, errors)
+    while True:
+        attempts.begin()
+        try:
+            return await call(), attempts.retries
+        except Exception as exc:
+            wait = attempts.failed_with(exc)
+        await sleep(wait)
 
 
 def concurrent_map(fn: Callable[[T], R], items: Sequence[T], pool: ThreadPoolExecutor) -> list[R]:

@@ -210,7 +210,7 @@ def test_served_actor_requests_carry_their_episodes_session_id_where_enabled() -
 def test_non_retryable_errors_fail_at_once_and_exhausted_retries_name_the_cause() -> None:
     with FaultServer(api_key="right-key-0123456789") as server:
         backend = make_backend("openai:m", base_url=server.url, **FAST)
-        with pytest.raises(BackendError, match="AuthenticationError") as info:
+        with pytest.raises(BackendError, match="HTTPError: HTTP 401") as info:
             backend.generate([Request(config=CFG, prompt="hi")])
         assert "\n" not in str(info.value)
         assert server.stats()["requests"] == 1  # 401 is not retried
@@ -532,3 +532,100 @@ def test_sigint_during_a_hung_request_exits_at_once_and_resume_finishes(
     assert [e.status for e in store.episodes()] == ["done"]
     store.close()
     print(f"\nSIGINT during an endless body: exit 130 after {elapsed:.2f}s")
+
+
+def test_openai_requests_on_the_wire_are_what_the_openai_sdk_sends() -> None:
+    """The backend's own HTTP path sends each request's body (parameters, ``extra_body``
+    merged) and routing header as the OpenAI SDK sends the same recorded parameters."""
+    openai = pytest.importorskip("openai")
+    act = CallSite(episode="g#t0", game="g")
+    requests = [
+        Request(config=GenerationConfig(max_tokens=7, stop=("\n", "END"), seed=3), prompt="> "),
+        Request(config=CFG, prompt="> look", site=act),
+        Request(config=GenerationConfig(n=2, temperature=0.7), messages=(Message("user", "Hi"),)),
+    ]
+    cases = [
+        ("vllm:m", {"data_parallel_size": 2}),
+        ("openai:m", {"api": "chat", "chat_format": "prefill"}),
+        ("openai:m", {"extra_body": {"repeat_penalty": 1.0}}),
+    ]
+    with FaultServer() as server:
+        for spec, options in cases:
+            backend = make_backend(spec, base_url=server.url, concurrency=1, **options)
+            out = backend.generate(requests)
+            backend.close()
+            ours = server.bodies[-len(requests) :], server.headers[-len(requests) :]
+            sdk = openai.OpenAI(api_key="sk-local-no-key", base_url=server.url, max_retries=0)
+            for completion in out:
+                params = {k: v for k, v in completion.sent.items() if k != "endpoint"}
+                api = (
+                    sdk.chat.completions
+                    if completion.sent["endpoint"] == "chat"
+                    else sdk.completions
+                )
+                api.create(**params)
+            sdk.close()
+            theirs = server.bodies[-len(requests) :], server.headers[-len(requests) :]
+            assert ours[0] == theirs[0], spec
+            for mine, its in zip(ours[1], theirs[1], strict=True):
+                for name in ("authorization", "content-type", "x-data-parallel-rank"):
+                    assert mine.get(name) == its.get(name), (spec, name)
+
+
+def test_agenerate_is_awaited_on_the_callers_loop_and_ends_as_generate_does() -> None:
+    """``agenerate`` from an event loop: the answers ``generate`` gives, at most ``concurrency``
+    in flight; a caller that cancels its await cancels its request only; ``close()`` ends one
+    blocked on an endless body with the backend's error, not a cancellation."""
+    import asyncio
+
+    prompts = _prompts(24)
+    with FaultServer(FaultPlan(latency_s=0.05)) as server:
+        backend = make_backend("openai:m", base_url=server.url, concurrency=4)
+
+        async def all_of_them() -> list[Any]:
+            return await asyncio.gather(
+                *(backend.agenerate(Request(config=CFG, prompt=p)) for p in prompts)
+            )
+
+        out = asyncio.run(all_of_them())
+        assert [c.text for c in out] == [echo_answer(p) for p in prompts]
+        assert out[0].sent == backend.generate([Request(config=CFG, prompt=prompts[0])])[0].sent
+        events = server.events
+        points = sorted(
+            [(e.arrived, 1) for e in events] + [(e.answered or 0.0, -1) for e in events]
+        )
+        depth = peak = 0
+        for _, d in points:
+            depth += d
+            peak = max(peak, depth)
+        assert peak <= 4
+
+        async def cancelled_then_another() -> str:
+            task = asyncio.ensure_future(backend.agenerate(Request(config=CFG, prompt="slow")))
+            await asyncio.sleep(0.01)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            return (await backend.agenerate(Request(config=CFG, prompt="next"))).text
+
+        assert asyncio.run(cancelled_then_another()) == echo_answer("next")
+        backend.close()
+
+    plan = FaultPlan(rate=1.0, kinds=("endless",), trickle_s=0.05)
+    with FaultServer(plan) as server:
+        backend = make_backend("openai:m", base_url=server.url, timeout=60, max_retries=3)
+
+        async def blocked() -> BaseException:
+            task = asyncio.ensure_future(backend.agenerate(Request(config=CFG, prompt="hi")))
+            while not server.events:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.2)
+            await asyncio.get_running_loop().run_in_executor(None, backend.close)
+            try:
+                await task
+            except BaseException as exc:  # noqa: B036 - checked below
+                return exc
+            raise AssertionError("the request was answered")
+
+        error = asyncio.run(blocked())
+    assert isinstance(error, BackendError) and "cancelled" in str(error), repr(error)

@@ -83,7 +83,7 @@ def test_hosted_api_without_key_says_which_variable(monkeypatch: pytest.MonkeyPa
 @pytest.mark.parametrize(
     ("spec", "module", "extra"),
     [
-        ("openai:gpt-4o", "openai", "openai"),
+        ("openai:gpt-4o", "aiohttp", "openai"),
         ("anthropic:claude-haiku-4-5", "anthropic", "anthropic"),
         ("hf:gpt2", "transformers", "hf"),
         ("llamacpp:{gguf}", "llama_cpp", "server"),
