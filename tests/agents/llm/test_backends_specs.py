@@ -118,7 +118,7 @@ def test_vllm_is_routed_lazily_to_its_module() -> None:
 def test_import_agents_llm_stays_light() -> None:
     code = (
         "import sys, agents.llm, agents.llm.specs, agents.llm.pricing, agents.llm.scripted\n"
-        "heavy = {'openai', 'anthropic', 'llama_cpp', 'torch', 'transformers', 'vllm', 'tenacity'}\n"
+        "heavy = {'openai', 'anthropic', 'llama_cpp', 'torch', 'transformers', 'vllm', 'aiohttp'}\n"
         "print(sorted(heavy & {m.split('.')[0] for m in sys.modules}))"
     )
     out = subprocess.run(
