@@ -5,7 +5,9 @@ backend: no thread per request and no SDK on a request's path.
 A request is a coroutine on that loop, handed over from any thread (:meth:`HttpLoop.run`, which
 blocks) or any event loop (:meth:`HttpLoop.submit` and ``asyncio.wrap_future``, which does
 not): the engine's loop awaits its requests without a thread each, and every request shares the
-session's pooled connections. Proxies come from the environment (``HTTPS_PROXY``, ``NO_PROXY``).
+session's pooled connections. The proxy comes from the environment (``HTTPS_PROXY``,
+``HTTP_PROXY``, ``NO_PROXY``), read once for the server's URL (aiohttp's ``trust_env`` would
+read it, and ``~/.netrc``, in a thread for every request).
 
 Each attempt (:meth:`HttpLoop.post`) has one deadline for all of it, ``timeout`` seconds:
 waiting for a pooled connection, connecting, sending and reading the whole answer, so a server
@@ -23,9 +25,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+import urllib.request
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from agents.llm.common import require
 from agents.llm.retry import Retryable
@@ -45,12 +49,23 @@ class Answer:
     body: bytes
 
 
+def env_proxy(url: str) -> str | None:
+    """The proxy the environment names for ``url`` (None where ``NO_PROXY`` exempts its host)."""
+    parts = urlsplit(url)
+    proxies = urllib.request.getproxies()
+    proxy = proxies.get(parts.scheme) or proxies.get("all")
+    if not proxy or urllib.request.proxy_bypass(parts.hostname or ""):
+        return None
+    return proxy
+
+
 class HttpLoop:
     """One event loop thread and one HTTP session; see the module docstring."""
 
-    def __init__(self, *, width: int, timeout: float, name: str) -> None:
+    def __init__(self, *, url: str, width: int, timeout: float, name: str) -> None:
         self._aiohttp = require("aiohttp", "aiohttp", "openai")
         self.timeout = float(timeout)
+        self._proxy = env_proxy(url)
         self.cancelled = threading.Event()  # set by close(): no request is sent after it
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
@@ -67,8 +82,6 @@ class HttpLoop:
         session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=width),
             timeout=aiohttp.ClientTimeout(total=None),  # the deadline is post()'s own
-            trust_env=True,
-            auto_decompress=True,
         )
         return session, asyncio.Semaphore(width), asyncio.Event()
 
@@ -92,7 +105,8 @@ class HttpLoop:
         self._attempts.add(task)
         try:
             async with asyncio.timeout(self.timeout):
-                async with self._session.post(url, data=body, headers=headers) as response:
+                post = self._session.post(url, data=body, headers=headers, proxy=self._proxy)
+                async with post as response:
                     data = await response.read()
                     return Answer(
                         response.status,

@@ -246,7 +246,9 @@ class OpenAIBackend:
         self._scrub = key_scrubber(key, *url_secrets(base_url))
         root, self._headers = _root_and_headers(base_url or OPENAI_API, key)
         self._urls = {"completions": f"{root}/completions", "chat": f"{root}/chat/completions"}
-        self._http = HttpLoop(width=self.concurrency, timeout=self.timeout, name=self.name)
+        self._http = HttpLoop(
+            url=root, width=self.concurrency, timeout=self.timeout, name=self.name
+        )
 
     def __repr__(self) -> str:
         return f"OpenAIBackend(name={self.name!r}, base_url={safe_url(self.base_url)!r})"
