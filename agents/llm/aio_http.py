@@ -1,33 +1,35 @@
-"""JSON over keep-alive HTTP on an event loop of the backend's own, for the OpenAI-compatible
-backend: no thread per request and no SDK on a request's path.
+"""JSON over keep-alive HTTP for the OpenAI-compatible backend: no thread per request and no
+SDK on a request's path.
 
-:class:`HttpLoop` runs one event loop in a thread of its own with one ``aiohttp`` session on it.
-A request is a coroutine on that loop, handed over from any thread (:meth:`HttpLoop.run`, which
-blocks) or any event loop (:meth:`HttpLoop.submit` and ``asyncio.wrap_future``, which does
-not): the engine's loop awaits its requests without a thread each, and every request shares the
-session's pooled connections. The proxy comes from the environment (``HTTPS_PROXY``,
-``HTTP_PROXY``, ``NO_PROXY``), read once for the server's URL (aiohttp's ``trust_env`` would
-read it, and ``~/.netrc``, in a thread for every request).
+:class:`HttpClient` sends each attempt (:meth:`HttpClient.post`) on the event loop that awaits
+it, with an ``aiohttp`` session of that loop's own (its "lane": session, width, the waits'
+wake-up and the attempts in flight): the engine's loop awaits its requests itself, with no
+thread and no hand-over between loops. A caller without a loop (:meth:`HttpClient.run`) has its
+coroutine run on a loop of the client's own, in a thread started the first time one is needed.
+A lane's session closes when its loop's ``asyncio.run`` ends (a keeper task closes it when that
+run cancels what is left), or at :meth:`HttpClient.close`. At most ``width`` requests are in
+flight on each loop. The proxy comes from the environment (``HTTPS_PROXY``, ``HTTP_PROXY``,
+``NO_PROXY``), read once for the server's URL (aiohttp's ``trust_env`` would read it, and
+``~/.netrc``, in a thread for every request).
 
-Each attempt (:meth:`HttpLoop.post`) has one deadline for all of it, ``timeout`` seconds:
-waiting for a pooled connection, connecting, sending and reading the whole answer, so a server
-that trickles its answer or never ends it cannot hold a request longer. A transport failure is
-a :class:`~agents.llm.retry.Retryable` (``timeout``, ``connection error (...)``); an answer,
+Each attempt has one deadline for all of it, ``timeout`` seconds: waiting for a pooled
+connection, connecting, sending and reading the whole answer, so a server that trickles its
+answer or never ends it cannot hold a request longer. A transport failure is a
+:class:`~agents.llm.retry.Retryable` (``timeout``, ``connection error (...)``); an answer,
 whatever its status, is returned as it came for the caller to judge.
 
-:meth:`HttpLoop.close` ends the requests in flight at once (their connections are shut; they
-fail as cancelled), ends the waits between retries (:meth:`HttpLoop.sleep`) and fails every
-later request before it is sent.
+:meth:`HttpClient.close` ends the attempts in flight at once (they fail as cancelled), ends the
+waits between retries (:meth:`HttpClient.sleep`) and fails every later request before it is
+sent.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import threading
 import urllib.request
 from collections.abc import Coroutine, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -36,7 +38,7 @@ from agents.llm.retry import Retryable
 
 T = TypeVar("T")
 
-CLOSE_WAIT_S = 5.0  # what close() gives the requests in flight to end
+CLOSE_WAIT_S = 5.0  # what close() gives the client's own loop's requests to end
 _CLOSING = "the backend was closed"  # the message of close()'s cancellation of an attempt
 
 
@@ -59,53 +61,78 @@ def env_proxy(url: str) -> str | None:
     return proxy
 
 
-class HttpLoop:
-    """One event loop thread and one HTTP session; see the module docstring."""
+@dataclass
+class _Lane:
+    """What one event loop holds: its session, its width, and what close() must reach."""
+
+    session: Any
+    width: asyncio.Semaphore
+    closing: asyncio.Event = field(default_factory=asyncio.Event)
+    attempts: set[asyncio.Task[Any]] = field(default_factory=set)
+    keeper: asyncio.Task[None] | None = None
+
+    def abort(self) -> None:
+        """On the lane's loop: end its waits, and its attempts as cancelled."""
+        self.closing.set()
+        for task in list(self.attempts):
+            task.cancel(_CLOSING)
+
+
+class HttpClient:
+    """Requests on the caller's event loop; see the module docstring."""
 
     def __init__(self, *, url: str, width: int, timeout: float, name: str) -> None:
         self._aiohttp = require("aiohttp", "aiohttp", "openai")
         self.timeout = float(timeout)
-        self._proxy = env_proxy(url)
+        self.width = width
+        self.name = name
         self.cancelled = threading.Event()  # set by close(): no request is sent after it
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name=f"{name} http", daemon=True
-        )
-        self._thread.start()
-        self._session, self.width, self._closing = self.run(self._open(width))
-        self._closed = False
+        self._proxy = env_proxy(url)
+        self._lanes: dict[asyncio.AbstractEventLoop, _Lane] = {}
         self._lock = threading.Lock()
-        self._attempts: set[asyncio.Task[Any]] = set()  # the tasks with an attempt in flight
+        self._own: asyncio.AbstractEventLoop | None = None  # for callers without a loop
+        self._thread: threading.Thread | None = None
 
-    async def _open(self, width: int) -> tuple[Any, asyncio.Semaphore, asyncio.Event]:
-        aiohttp = self._aiohttp
-        session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=width),
-            timeout=aiohttp.ClientTimeout(total=None),  # the deadline is post()'s own
-        )
-        return session, asyncio.Semaphore(width), asyncio.Event()
+    # -- on the caller's loop ----------------------------------------------------------------
+    def _lane(self) -> _Lane:
+        loop = asyncio.get_running_loop()
+        lane = self._lanes.get(loop)
+        if lane is None:
+            aiohttp = self._aiohttp
+            session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self.width),
+                timeout=aiohttp.ClientTimeout(total=None),  # the deadline is post()'s own
+            )
+            lane = _Lane(session, asyncio.Semaphore(self.width))
+            with self._lock:
+                self._lanes[loop] = lane
+            lane.keeper = loop.create_task(self._keep(loop, lane))
+        return lane
 
-    # -- handing coroutines to the loop ------------------------------------------------------
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run ``coro`` on the loop and wait for it (from any thread but the loop's own)."""
-        return self.submit(coro).result()
+    async def _keep(self, loop: asyncio.AbstractEventLoop, lane: _Lane) -> None:
+        """Holds the lane until its loop's run ends (which cancels this), then closes it."""
+        try:
+            await asyncio.Event().wait()
+        finally:
+            with self._lock:
+                self._lanes.pop(loop, None)
+            await lane.session.close()
 
-    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        """Start ``coro`` on the loop; its future (``asyncio.wrap_future`` awaits it from another
-        loop, and cancelling that cancels the coroutine)."""
-        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+    def slot(self) -> asyncio.Semaphore:
+        """The in-flight limit of the caller's loop (``async with`` it around a request)."""
+        return self._lane().width
 
-    # -- on the loop -------------------------------------------------------------------------
     async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> Answer:
         """One attempt: POST ``body`` and read the whole answer within ``timeout`` seconds."""
         if self.cancelled.is_set():
             raise Retryable(f"cancelled ({_CLOSING})")
+        lane = self._lane()
         task = asyncio.current_task()
         assert task is not None
-        self._attempts.add(task)
+        lane.attempts.add(task)
         try:
             async with asyncio.timeout(self.timeout):
-                post = self._session.post(url, data=body, headers=headers, proxy=self._proxy)
+                post = lane.session.post(url, data=body, headers=headers, proxy=self._proxy)
                 async with post as response:
                     data = await response.read()
                     return Answer(
@@ -123,40 +150,66 @@ class HttpLoop:
             task.uncancel()
             raise Retryable(f"cancelled ({_CLOSING})") from None
         finally:
-            self._attempts.discard(task)
+            lane.attempts.discard(task)
 
     async def sleep(self, seconds: float) -> None:
-        """Wait ``seconds``, or less if the loop is closed meanwhile."""
+        """Wait ``seconds``, or less if the client is closed meanwhile."""
+        if self.cancelled.is_set():
+            return
         try:
-            await asyncio.wait_for(self._closing.wait(), seconds)
+            await asyncio.wait_for(self._lane().closing.wait(), seconds)
         except TimeoutError:
             pass
 
+    # -- for callers without a loop ----------------------------------------------------------
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the client's own loop and wait for it (from any thread)."""
+        with self._lock:
+            if self._own is None:
+                self._own = asyncio.new_event_loop()
+                self._thread = threading.Thread(
+                    target=self._own.run_forever, name=f"{self.name} http", daemon=True
+                )
+                self._thread.start()
+            own = self._own
+        return asyncio.run_coroutine_threadsafe(coro, own).result()
+
     # -- the end ---------------------------------------------------------------------------
     def close(self) -> None:
-        """End the requests in flight and the waits now, close the connections, stop the loop.
-        Idempotent; waits at most ``CLOSE_WAIT_S`` for the requests in flight to end."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
+        """End the attempts in flight and the waits now, on every loop; close the client's own
+        loop's session and stop that loop (waiting at most ``CLOSE_WAIT_S``). Idempotent."""
+        if self.cancelled.is_set():
+            return
         self.cancelled.set()
+        with self._lock:
+            lanes = list(self._lanes.items())
+            own, self._own = self._own, None
+        for loop, lane in lanes:
+            if loop is not own and not loop.is_closed():
+                loop.call_soon_threadsafe(lane.abort)  # its run's end closes its session
+        if own is None:
+            return
         try:
-            self.run(self._shut())
+            asyncio.run_coroutine_threadsafe(self._shut(), own).result(CLOSE_WAIT_S * 2)
         finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
+            own.call_soon_threadsafe(own.stop)
+            assert self._thread is not None
             self._thread.join(CLOSE_WAIT_S)
             if not self._thread.is_alive():
-                self._loop.close()
+                own.close()
 
     async def _shut(self) -> None:
-        self._closing.set()
-        for task in list(self._attempts):  # each ends its attempt as cancelled, at once
-            task.cancel(_CLOSING)
-        await self._session.close()
+        """On the client's own loop: end what is in flight, close the session."""
+        lane = self._lanes.get(asyncio.get_running_loop())
+        if lane is None:
+            return
+        lane.abort()
         here = asyncio.current_task()
-        others = [t for t in asyncio.all_tasks() if t is not here]
-        if others:
-            _, late = await asyncio.wait(others, timeout=CLOSE_WAIT_S)
+        busy = [t for t in asyncio.all_tasks() if t is not here and t is not lane.keeper]
+        if busy:
+            _, late = await asyncio.wait(busy, timeout=CLOSE_WAIT_S)
             for task in late:
                 task.cancel()
+        if lane.keeper is not None:
+            lane.keeper.cancel()
+            await asyncio.wait([lane.keeper], timeout=CLOSE_WAIT_S)

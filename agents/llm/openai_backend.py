@@ -15,14 +15,15 @@ so is a ``base_url`` server that answers a wrapped prompt with ``404`` (it has n
 the prompt is never sent elsewhere than where the run's config says. ``describe()`` records the
 endpoint (``api``) and the ``chat_format`` of what was sent (``"raw"`` for completions).
 
-Requests go out on an event loop of the backend's own (:mod:`agents.llm.aio_http`: one
-``aiohttp`` session, keep-alive connections, no SDK and no thread per request): ``agenerate``
-awaits one from the caller's event loop (the engine's way: no thread each), ``generate`` sends a
-batch concurrently and waits; at most ``concurrency`` (default 8) are in flight at once, both
-ways together. :mod:`agents.llm.retry` retries timeouts, 429 (honouring Retry-After), 408, 409,
-5xx, dropped connections and malformed JSON, counts them in ``Completion.retries`` (and in a
-failed request's ``BackendError.retries``) and logs them on ``agents.llm.openai``; any other
-status fails the request at once (``HTTPError``, naming the status and the server's message).
+Requests go out from the event loop that awaits them (:mod:`agents.llm.aio_http`: an
+``aiohttp`` session per loop, keep-alive connections, no SDK and no thread per request):
+``agenerate`` sends one from the caller's loop (the engine's way), ``generate`` sends a
+batch concurrently on a loop of the backend's own and waits; at most ``concurrency`` (default
+8) are in flight at once on a loop. :mod:`agents.llm.retry` retries timeouts, 429 (honouring
+Retry-After), 408, 409, 5xx, dropped connections and malformed JSON, counts them in
+``Completion.retries`` (and in a failed request's ``BackendError.retries``) and logs them on
+``agents.llm.openai``; any other status fails the request at once (``HTTPError``, naming the
+status and the server's message).
 
 ``timeout`` (seconds, default 60) is the deadline of one whole attempt: waiting for a
 connection, connecting, sending and reading the entire answer, so a server that trickles its
@@ -87,7 +88,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from agents.llm.aio_http import Answer, HttpLoop
+from agents.llm.aio_http import Answer, HttpClient
 from agents.llm.answers import MalformedResponse, count, json_object
 from agents.llm.base import ActionConstraint, BackendError, Completion, Request, SpecError
 from agents.llm.common import (
@@ -246,7 +247,7 @@ class OpenAIBackend:
         self._scrub = key_scrubber(key, *url_secrets(base_url))
         root, self._headers = _root_and_headers(base_url or OPENAI_API, key)
         self._urls = {"completions": f"{root}/completions", "chat": f"{root}/chat/completions"}
-        self._http = HttpLoop(
+        self._http = HttpClient(
             url=root, width=self.concurrency, timeout=self.timeout, name=self.name
         )
 
@@ -298,9 +299,9 @@ class OpenAIBackend:
             raise SpecError(str(exc)) from None  # the run's config, not a request, is wrong
 
     async def agenerate(self, request: Request) -> Completion:
-        """One request from the caller's event loop, awaited without a thread."""
+        """One request, sent from the caller's event loop (no thread)."""
         try:
-            return await asyncio.wrap_future(self._http.submit(self._one(0, request)))
+            return await self._one(0, request)
         except _NoChatEndpoint as exc:
             raise SpecError(str(exc)) from None
 
@@ -362,7 +363,7 @@ class OpenAIBackend:
 
     async def _one(self, index: int, request: Request) -> Completion:
         """One request on the backend's loop, counted among the ``concurrency`` in flight."""
-        async with self._http.width:
+        async with self._http.slot():
             return await self._send(index, request)
 
     async def _send(self, index: int, request: Request) -> Completion:
