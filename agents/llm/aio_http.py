@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import urllib.request
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -38,8 +38,9 @@ from agents.llm.retry import Retryable
 
 T = TypeVar("T")
 
-CLOSE_WAIT_S = 5.0  # what close() gives the client's own loop's requests to end
+CLOSE_WAIT_S = 5.0  # what a LoopThread's stop gives the requests in flight to end
 _CLOSING = "the backend was closed"  # the message of close()'s cancellation of an attempt
+_KEEPER = "aio_http lane keeper"  # the name of a task that holds a lane until its loop ends
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,56 @@ def env_proxy(url: str) -> str | None:
     return proxy
 
 
+async def gather_or_cancel(coros: Sequence[Coroutine[Any, Any, T]]) -> list[T]:
+    """Every result, in order; on the first failure the others are cancelled (and waited for)
+    and the failure is raised."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+class LoopThread:
+    """An event loop in a daemon thread of its own, for callers without one."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the loop and wait for it (from any other thread)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def stop(self) -> None:
+        """End the loop as ``asyncio.run`` ends one: give its tasks ``CLOSE_WAIT_S`` to finish,
+        cancel what is left (which closes its lanes' sessions), then stop and close it."""
+        try:
+            asyncio.run_coroutine_threadsafe(_wind_down(), self.loop).result(CLOSE_WAIT_S * 3)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(CLOSE_WAIT_S)
+            if not self._thread.is_alive():
+                self.loop.close()
+
+
+async def _wind_down() -> None:
+    here = asyncio.current_task()
+    others = [t for t in asyncio.all_tasks() if t is not here]
+    busy = [t for t in others if t.get_name() != _KEEPER]
+    if busy:
+        await asyncio.wait(busy, timeout=CLOSE_WAIT_S)
+    left = [t for t in others if not t.done()]
+    for task in left:
+        task.cancel()
+    if left:
+        await asyncio.wait(left, timeout=CLOSE_WAIT_S)
+
+
 @dataclass
 class _Lane:
     """What one event loop holds: its session, its width, and what close() must reach."""
@@ -69,7 +120,7 @@ class _Lane:
     width: asyncio.Semaphore
     closing: asyncio.Event = field(default_factory=asyncio.Event)
     attempts: set[asyncio.Task[Any]] = field(default_factory=set)
-    keeper: asyncio.Task[None] | None = None
+    keeper: asyncio.Task[None] | None = None  # held here: the loop keeps only weak references
 
     def abort(self) -> None:
         """On the lane's loop: end its waits, and its attempts as cancelled."""
@@ -90,8 +141,7 @@ class HttpClient:
         self._proxy = env_proxy(url)
         self._lanes: dict[asyncio.AbstractEventLoop, _Lane] = {}
         self._lock = threading.Lock()
-        self._own: asyncio.AbstractEventLoop | None = None  # for callers without a loop
-        self._thread: threading.Thread | None = None
+        self._own: LoopThread | None = None  # for callers without a loop
 
     # -- on the caller's loop ----------------------------------------------------------------
     def _lane(self) -> _Lane:
@@ -106,7 +156,7 @@ class HttpClient:
             lane = _Lane(session, asyncio.Semaphore(self.width))
             with self._lock:
                 self._lanes[loop] = lane
-            lane.keeper = loop.create_task(self._keep(loop, lane))
+            lane.keeper = loop.create_task(self._keep(loop, lane), name=_KEEPER)
         return lane
 
     async def _keep(self, loop: asyncio.AbstractEventLoop, lane: _Lane) -> None:
@@ -166,18 +216,14 @@ class HttpClient:
         """Run ``coro`` on the client's own loop and wait for it (from any thread)."""
         with self._lock:
             if self._own is None:
-                self._own = asyncio.new_event_loop()
-                self._thread = threading.Thread(
-                    target=self._own.run_forever, name=f"{self.name} http", daemon=True
-                )
-                self._thread.start()
+                self._own = LoopThread(f"{self.name} http")
             own = self._own
-        return asyncio.run_coroutine_threadsafe(coro, own).result()
+        return own.run(coro)
 
     # -- the end ---------------------------------------------------------------------------
     def close(self) -> None:
-        """End the attempts in flight and the waits now, on every loop; close the client's own
-        loop's session and stop that loop (waiting at most ``CLOSE_WAIT_S``). Idempotent."""
+        """End the attempts in flight and the waits now, on every loop; stop the client's own
+        loop (closing its session). Idempotent."""
         if self.cancelled.is_set():
             return
         self.cancelled.set()
@@ -185,31 +231,7 @@ class HttpClient:
             lanes = list(self._lanes.items())
             own, self._own = self._own, None
         for loop, lane in lanes:
-            if loop is not own and not loop.is_closed():
+            if not loop.is_closed():
                 loop.call_soon_threadsafe(lane.abort)  # its run's end closes its session
-        if own is None:
-            return
-        try:
-            asyncio.run_coroutine_threadsafe(self._shut(), own).result(CLOSE_WAIT_S * 2)
-        finally:
-            own.call_soon_threadsafe(own.stop)
-            assert self._thread is not None
-            self._thread.join(CLOSE_WAIT_S)
-            if not self._thread.is_alive():
-                own.close()
-
-    async def _shut(self) -> None:
-        """On the client's own loop: end what is in flight, close the session."""
-        lane = self._lanes.get(asyncio.get_running_loop())
-        if lane is None:
-            return
-        lane.abort()
-        here = asyncio.current_task()
-        busy = [t for t in asyncio.all_tasks() if t is not here and t is not lane.keeper]
-        if busy:
-            _, late = await asyncio.wait(busy, timeout=CLOSE_WAIT_S)
-            for task in late:
-                task.cancel()
-        if lane.keeper is not None:
-            lane.keeper.cancel()
-            await asyncio.wait([lane.keeper], timeout=CLOSE_WAIT_S)
+        if own is not None:
+            own.stop()

@@ -77,7 +77,6 @@ llama.cpp server, whose default of 1.1 differs from the OpenAI API's none).
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import json
@@ -88,7 +87,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from agents.llm.aio_http import Answer, HttpClient
+from agents.llm.aio_http import Answer, HttpClient, gather_or_cancel
 from agents.llm.answers import MalformedResponse, count, json_object
 from agents.llm.base import ActionConstraint, BackendError, Completion, Request, SpecError
 from agents.llm.common import (
@@ -294,7 +293,9 @@ class OpenAIBackend:
         """The requests' answers, sent concurrently; the first failure is raised (the others
         are ended)."""
         try:
-            return self._http.run(self._all(requests))
+            return self._http.run(
+                gather_or_cancel([self._one(i, r) for i, r in enumerate(requests)])
+            )
         except _NoChatEndpoint as exc:
             raise SpecError(str(exc)) from None  # the run's config, not a request, is wrong
 
@@ -304,16 +305,6 @@ class OpenAIBackend:
             return await self._one(0, request)
         except _NoChatEndpoint as exc:
             raise SpecError(str(exc)) from None
-
-    async def _all(self, requests: Sequence[Request]) -> list[Completion]:
-        tasks = [asyncio.ensure_future(self._one(i, r)) for i, r in enumerate(requests)]
-        try:
-            return list(await asyncio.gather(*tasks))
-        except BaseException:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            raise
 
     def _payload(self, request: Request) -> tuple[str, dict[str, Any]]:
         c = request.config

@@ -9,7 +9,9 @@ order, not the process), so a resumed run sends each game where it went before. 
 prompt text.
 
 Each server's share of a batch is sent concurrently with the others' (and within a share, up to
-that server's ``concurrency`` at a time). A request's first attempt on a server is made without
+that server's ``concurrency`` at a time). The engine awaits each request from its event loop
+(``agenerate``, no thread: the servers' clients send from that loop); ``generate`` runs the same
+code on a loop of the backend's own. A request's first attempt on a server is made without
 retries; when it fails, the server is probed (``GET <url>/models``). If the server does not
 answer, it is marked down for ``down_for_s`` seconds and the request, and every later one routed
 there, goes to the game's next server in rendezvous order (the same one for all of that game's
@@ -28,6 +30,7 @@ server enforces it (a ``vllm:`` spec defaults to vLLM's structured outputs).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import inspect
@@ -37,13 +40,12 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from agents.llm.aio_http import LoopThread, gather_or_cancel
 from agents.llm.base import BackendError, Completion, ContextLimitError, Request, SpecError
 from agents.llm.common import routing_key, safe_url
 from agents.llm.openai_backend import OpenAIBackend
-from agents.llm.retry import concurrent_map
 
 log = logging.getLogger("agents.llm.sharded")
 
@@ -73,9 +75,6 @@ def _server_options() -> set[str]:
 
 class ShardedBackend:
     """Several OpenAI-compatible servers behind one backend; see the module docstring."""
-
-    # the engine sends each request on its own as it comes, at most its concurrency at once
-    scheduling = "per_request"
 
     def __init__(
         self,
@@ -127,8 +126,7 @@ class ShardedBackend:
         self._requests = [0] * len(urls)
         self._failed_over = [0] * len(urls)  # requests that left this server because it was down
         self._outages = [0] * len(urls)
-        width = sum(s.concurrency for s in self.servers)
-        self._pool = ThreadPoolExecutor(width, thread_name_prefix="sharded")
+        self._own: LoopThread | None = None  # generate's loop, started by its first call
 
     def describe(self) -> dict[str, Any]:
         """The servers and the routing rule; safe to store (no key)."""
@@ -162,9 +160,18 @@ class ShardedBackend:
 
     # -- generation ----------------------------------------------------------------------------
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
-        return concurrent_map(self._one, list(requests), self._pool)
+        """The requests' answers, sent concurrently; the first failure is raised."""
+        with self._lock:
+            if self._own is None:
+                self._own = LoopThread(f"{self.name} sharded")
+            own = self._own
+        return own.run(gather_or_cancel([self._one(r) for r in requests]))
 
-    def _one(self, request: Request) -> Completion:
+    async def agenerate(self, request: Request) -> Completion:
+        """One request, sent from the caller's event loop (no thread)."""
+        return await self._one(request)
+
+    async def _one(self, request: Request) -> Completion:
         ranked = ranking(routing_key(request), self.urls)
         preferred = ranked[0]
         with self._lock:
@@ -175,7 +182,7 @@ class ShardedBackend:
         last_error: BackendError | None = None
         for i in order:
             try:
-                completion = self._send(i, request)
+                completion = await self._send(i, request)
             except (_RequestError, ContextLimitError) as exc:  # the request's own: no failover
                 exc.retries += failures
                 raise
@@ -199,18 +206,18 @@ class ShardedBackend:
             retries=failures - 1,  # one attempt on each server
         )
 
-    def _send(self, i: int, request: Request) -> Completion:
+    async def _send(self, i: int, request: Request) -> Completion:
         """One request to server ``i``; BackendError only when the server does not answer."""
         try:
-            return self.servers[i].generate([request])[0]
+            return await self.servers[i].agenerate(request)
         except ContextLimitError:
             raise
         except BackendError:
-            if self._closing.is_set() or not self._answers(i):
+            if self._closing.is_set() or not await asyncio.to_thread(self._answers, i):
                 raise
         # it answers: retry there as a single server would; an error now is the request's own
         try:
-            c = self._patient[i].generate([request])[0]
+            c = await self._patient[i].agenerate(request)
         except BackendError as exc:
             raise _RequestError(str(exc), retries=exc.retries + 1) from None
         return dataclasses.replace(c, retries=c.retries + 1)
@@ -258,6 +265,6 @@ class ShardedBackend:
         self._closing.set()
         for s in (*self.servers, *getattr(self, "_patient", ())):
             s.close()
-        pool = getattr(self, "_pool", None)
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+        own, self._own = getattr(self, "_own", None), None
+        if own is not None:
+            own.stop()
