@@ -45,7 +45,7 @@ _KEEPER = "aio_http lane keeper"  # the name of a task that holds a lane until i
 
 @dataclass(frozen=True)
 class Answer:
-    """An HTTP answer as it came: status, headers (names in lower case) and body."""
+    """An HTTP answer as it came: status, headers (looked up in any case) and body."""
 
     status: int
     headers: Mapping[str, str]
@@ -76,27 +76,45 @@ async def gather_or_cancel(coros: Sequence[Coroutine[Any, Any, T]]) -> list[T]:
 
 
 class LoopThread:
-    """An event loop in a daemon thread of its own, for callers without one."""
+    """An event loop in a daemon thread of its own, for callers without one; the thread starts
+    with the first :meth:`run` (a backend that is only awaited never starts it)."""
 
     def __init__(self, name: str) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
-        self._thread.start()
+        self.name = name
+        self._lock = threading.Lock()
+        self._started: tuple[asyncio.AbstractEventLoop, threading.Thread] | None = None
+        self._stopped = False
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the loop and wait for it (from any other thread)."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+        with self._lock:
+            if self._stopped:
+                coro.close()
+                raise RuntimeError(f"{self.name}: the loop is stopped")
+            if self._started is None:
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(target=loop.run_forever, name=self.name, daemon=True)
+                thread.start()
+                self._started = loop, thread
+            loop = self._started[0]
+        return asyncio.run_coroutine_threadsafe(coro, loop).result()
 
     def stop(self) -> None:
         """End the loop as ``asyncio.run`` ends one: give its tasks ``CLOSE_WAIT_S`` to finish,
-        cancel what is left (which closes its lanes' sessions), then stop and close it."""
+        cancel what is left (which closes its lanes' sessions), then stop and close it.
+        Idempotent."""
+        with self._lock:
+            started, self._started, self._stopped = self._started, None, True
+        if started is None:
+            return
+        loop, thread = started
         try:
-            asyncio.run_coroutine_threadsafe(_wind_down(), self.loop).result(CLOSE_WAIT_S * 3)
+            asyncio.run_coroutine_threadsafe(_wind_down(), loop).result(CLOSE_WAIT_S * 3)
         finally:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(CLOSE_WAIT_S)
-            if not self._thread.is_alive():
-                self.loop.close()
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(CLOSE_WAIT_S)
+            if not thread.is_alive():
+                loop.close()
 
 
 async def _wind_down() -> None:
@@ -141,7 +159,7 @@ class HttpClient:
         self._proxy = env_proxy(url)
         self._lanes: dict[asyncio.AbstractEventLoop, _Lane] = {}
         self._lock = threading.Lock()
-        self._own: LoopThread | None = None  # for callers without a loop
+        self._own = LoopThread(f"{name} http")  # for callers without a loop
 
     # -- on the caller's loop ----------------------------------------------------------------
     def _lane(self) -> _Lane:
@@ -185,11 +203,7 @@ class HttpClient:
                 post = lane.session.post(url, data=body, headers=headers, proxy=self._proxy)
                 async with post as response:
                     data = await response.read()
-                    return Answer(
-                        response.status,
-                        {k.lower(): v for k, v in response.headers.items()},
-                        data,
-                    )
+                    return Answer(response.status, response.headers, data)
         except TimeoutError:
             raise Retryable("timeout") from None
         except (self._aiohttp.ClientError, OSError) as exc:
@@ -214,11 +228,7 @@ class HttpClient:
     # -- for callers without a loop ----------------------------------------------------------
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the client's own loop and wait for it (from any thread)."""
-        with self._lock:
-            if self._own is None:
-                self._own = LoopThread(f"{self.name} http")
-            own = self._own
-        return own.run(coro)
+        return self._own.run(coro)
 
     # -- the end ---------------------------------------------------------------------------
     def close(self) -> None:
@@ -229,9 +239,7 @@ class HttpClient:
         self.cancelled.set()
         with self._lock:
             lanes = list(self._lanes.items())
-            own, self._own = self._own, None
         for loop, lane in lanes:
             if not loop.is_closed():
                 loop.call_soon_threadsafe(lane.abort)  # its run's end closes its session
-        if own is not None:
-            own.stop()
+        self._own.stop()

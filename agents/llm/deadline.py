@@ -1,4 +1,5 @@
-"""A whole-request deadline, and cancellation, for the HTTP backends' SDK clients.
+"""A whole-request deadline, and cancellation, for an SDK's httpx client (Anthropic's backend;
+the OpenAI-compatible one has its own client, :mod:`agents.llm.aio_http`).
 
 httpx's timeouts (the ``timeout=`` of the openai and anthropic SDKs) bound each socket
 operation on its own: the read timeout is per chunk, so a server that trickles a body, or sends

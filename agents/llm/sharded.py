@@ -126,7 +126,7 @@ class ShardedBackend:
         self._requests = [0] * len(urls)
         self._failed_over = [0] * len(urls)  # requests that left this server because it was down
         self._outages = [0] * len(urls)
-        self._own: LoopThread | None = None  # generate's loop, started by its first call
+        self._own = LoopThread(f"{self.name} sharded")  # generate's loop
 
     def describe(self) -> dict[str, Any]:
         """The servers and the routing rule; safe to store (no key)."""
@@ -161,11 +161,7 @@ class ShardedBackend:
     # -- generation ----------------------------------------------------------------------------
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
         """The requests' answers, sent concurrently; the first failure is raised."""
-        with self._lock:
-            if self._own is None:
-                self._own = LoopThread(f"{self.name} sharded")
-            own = self._own
-        return own.run(gather_or_cancel([self._one(r) for r in requests]))
+        return self._own.run(gather_or_cancel([self._one(r) for r in requests]))
 
     async def agenerate(self, request: Request) -> Completion:
         """One request, sent from the caller's event loop (no thread)."""
@@ -265,6 +261,6 @@ class ShardedBackend:
         self._closing.set()
         for s in (*self.servers, *getattr(self, "_patient", ())):
             s.close()
-        own, self._own = getattr(self, "_own", None), None
+        own = getattr(self, "_own", None)  # absent when a server's options were refused
         if own is not None:
             own.stop()

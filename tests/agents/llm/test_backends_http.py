@@ -570,6 +570,17 @@ def test_openai_requests_on_the_wire_are_what_the_openai_sdk_sends() -> None:
             for mine, its in zip(ours[1], theirs[1], strict=True):
                 for name in ("authorization", "content-type", "x-data-parallel-rank"):
                     assert mine.get(name) == its.get(name), (spec, name)
+        # a user and password in the URL: the SDK sends them as basic auth, and so does this
+        url = server.url.replace("http://", "http://user:pass%2Fword@")
+        backend = make_backend("openai:m", base_url=url)
+        backend.generate(requests[:1])
+        backend.close()
+        sdk = openai.OpenAI(api_key="sk-local-no-key", base_url=url, max_retries=0)
+        sdk.completions.create(model="m", prompt="> ", max_tokens=7)
+        sdk.close()
+        mine, its = server.headers[-2:]
+        assert mine["authorization"] == its["authorization"]
+        assert mine["authorization"].startswith("Basic ")
 
 
 def test_agenerate_is_awaited_on_the_callers_loop_and_ends_as_generate_does() -> None:
