@@ -35,9 +35,14 @@ feed (the env workers and the runner share them).
 Each env worker keeps every game's parsed state (``--reset-cache``, default: the games' count):
 the run's own default (8) makes every later trial load its game again.
 
+``--translation-cache off cold warm`` runs each setting side by side: ``off`` translates every
+game a worker loads; ``cold`` gives each run an empty translation cache (each game translated
+once, by the first worker that loads it); ``warm`` one filled before the repeats start (a later
+night on the same games: none is translated).
+
     python benchmarks/bench_night.py [--data DIR] [--games 140] [--trials 3] [--time-scale 4]
         [--concurrency 128 256] [--repeats 3] [--modes served inproc] [--reset-cache N]
-        [--harness-procs 1 2]
+        [--harness-procs 1 2] [--translation-cache off cold warm]
 """
 
 from __future__ import annotations
@@ -144,19 +149,35 @@ def measure(
     }
 
 
-def one_run(cfg: dict, mode: str, concurrency: int, procs: int = 1) -> dict:
+def warm_translations(cfg: dict, root: Path) -> None:
+    """Fill ``root`` with the translations of the night's games (as an earlier night would)."""
+    from envs.alfworld_env import ALFWorldEnv
+
+    env = ALFWorldEnv(cfg["data"], SPLIT, reset_cache=1, translation_cache=root)
+    for game in env.game_ids[: cfg["games"]]:
+        env.reset(options={"game": game})
+    env.close()
+
+
+def one_run(
+    cfg: dict, mode: str, concurrency: int, procs: int = 1, translations: str = "off"
+) -> dict:
     from tests.support.fault_server import FaultPlan, FaultServer
     from tests.support.gpu_standin import PRESETS, LiveEngine, text_policy
 
     here, machine = time.process_time(), machine_cpu_s()
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
+        cache = {"off": "off", "cold": str(Path(tmp) / "translations")}.get(
+            translations, translations
+        )
         args = [
             "run", "--agent", "reflexion", "--data", str(cfg["data"]), "--split", SPLIT,
             "--games", str(cfg["games"]), "--trials", str(cfg["trials"]),
             "--max-steps", str(cfg["max_steps"]), "--concurrency", str(concurrency),
             "--workers", str(cfg["workers"]), "--run-dir", str(run_dir),
             "--reset-cache", str(cfg["reset_cache"]), "--harness-procs", str(procs),
+            "--translation-cache", cache,
         ]  # fmt: skip
         if mode == "inproc":
             out = run_child(
@@ -195,6 +216,9 @@ def main() -> None:
     parser.add_argument(
         "--harness-procs", type=int, nargs="+", default=[1], help="served: runner processes"
     )
+    parser.add_argument(
+        "--translation-cache", nargs="+", default=["cold"], choices=["off", "cold", "warm"]
+    )
     a = parser.parse_args()
     cfg = {
         "data": a.data, "games": a.games, "trials": a.trials, "max_steps": a.max_steps,
@@ -202,14 +226,19 @@ def main() -> None:
         "reset_cache": a.games if a.reset_cache is None else a.reset_cache,
     }  # fmt: skip
     results: dict[tuple[str, int], list[dict]] = {}
-    settings = [(mode, c, n) for mode in a.modes for c in a.concurrency
-                for n in (a.harness_procs if mode == "served" else [1])]  # fmt: skip
-    for _ in range(a.repeats):  # side by side: every setting in each repeat
-        for mode, c, n in settings:
-            r = one_run(cfg, mode, c, n)
-            name = mode if n == 1 else f"{mode} x{n}"
-            results.setdefault((name, c), []).append(r)
-            print(f"  {name} c={c}: " + ", ".join(f"{k} {v:.3g}" for k, v in r.items()), flush=True)
+    settings = [(mode, c, n, t) for mode in a.modes for c in a.concurrency
+                for n in (a.harness_procs if mode == "served" else [1])
+                for t in a.translation_cache]  # fmt: skip
+    with tempfile.TemporaryDirectory() as warm:
+        if "warm" in a.translation_cache:
+            warm_translations(cfg, Path(warm))
+        for _ in range(a.repeats):  # side by side: every setting in each repeat
+            for mode, c, n, t in settings:
+                r = one_run(cfg, mode, c, n, warm if t == "warm" else t)
+                name = (mode if n == 1 else f"{mode} x{n}") + f" {t}"
+                results.setdefault((name, c), []).append(r)
+                line = ", ".join(f"{k} {v:.3g}" for k, v in r.items())
+                print(f"  {name} c={c}: {line}", flush=True)
     print(
         f"\n{a.games} games x {a.trials} trials, Reflexion, {a.preset} x{a.time_scale:g} "
         f"time scale, reset cache {cfg['reset_cache']}, medians of {a.repeats}:"
@@ -217,10 +246,10 @@ def main() -> None:
     keys = ["busy", "busy_before_tail", "wall_s", "bound_s", "wall_over_bound", "idle_startup_s",
             "idle_gaps_s", "idle_tail_s", "idle_end_s", "cpu_ms_per_step", "other_cpu_ms_per_step",
             "cores_busy", "steps_per_s"]  # fmt: skip
-    print(f"{'':<18}" + "".join(f"{k:>20}" for k in keys))
+    print(f"{'':<24}" + "".join(f"{k:>20}" for k in keys))
     for (mode, c), rs in results.items():
         row = [statistics.median(r[k] for r in rs) for k in keys]
-        print(f"{mode + ' ' + str(c):<18}" + "".join(f"{v:>20.3f}" for v in row))
+        print(f"{mode + ' ' + str(c):<24}" + "".join(f"{v:>20.3f}" for v in row))
 
 
 if __name__ == "__main__":

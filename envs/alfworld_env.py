@@ -51,6 +51,7 @@ from envs.fast_text import (
     tracked_state_class,
 )
 from envs.spaces import MAX_ACTION, MAX_OBSERVATION, pick_game, printable, text_space
+from envs.translations import TranslationStore, store_for
 
 BANNER = "-= Welcome to TextWorld, ALFRED! =-"
 TASK_PREFIX = "Your task is to: "
@@ -114,11 +115,17 @@ def _game_key(data: dict[str, Any]) -> str:
     return digest.hexdigest()
 
 
-def _make_engine(fast_text: bool = True, reset_cache: int = DEFAULT_RESET_CACHE) -> Any:
+def _make_engine(
+    fast_text: bool = True,
+    reset_cache: int = DEFAULT_RESET_CACHE,
+    translations: TranslationStore | None = None,
+) -> Any:
     """A TextWorld PddlEnv that names entities as ALFWorld does and translates each game once.
 
     ``fast_text``: derive text with :class:`envs.fast_text.FastGrammar` (else TextWorld's own
-    grammar); ``reset_cache``: how many games' translations to keep (0: translate every reset).
+    grammar); ``reset_cache``: how many games' translations to keep (0: translate every reset);
+    ``translations``: where a game loaded here for the first time finds its translation, or
+    leaves it (with ``reset_cache`` > 0).
     """
     import textworld  # heavy: textworld, only to play or make a game
 
@@ -160,15 +167,26 @@ def _make_engine(fast_text: bool = True, reset_cache: int = DEFAULT_RESET_CACHE)
                 assert game.translation is not None
                 self._pddl_state = restore_state(state_class, game.translation, self.downward_lib)
             else:
-                logic = pddl_logic.GameLogic(domain=data["pddl_domain"], grammar=data["grammar"])
-                self._pddl_state = state_class(self.downward_lib, data["pddl_problem"], logic)
+                domain, problem = data["pddl_domain"], data["pddl_problem"]
+                logic = pddl_logic.GameLogic(domain=domain, grammar=data["grammar"])
+                disk = translations if reset_cache else None
+                stored = disk.get(domain, problem) if disk is not None else None
+                translation: Translation | None = None
+                if stored is not None:
+                    translation = Translation.from_stored(stored, logic)
+                    self._pddl_state = restore_state(state_class, translation, self.downward_lib)
+                else:
+                    self._pddl_state = state_class(self.downward_lib, problem, logic)
                 infos = self._get_entity_infos()
                 demangler = Demangler(game_infos=infos, shuffle=False)
                 for info in infos.values():
                     info.name = demangler.demangle_alfred_name(info.id)
                 if fast_text:
                     logic.grammar = FastGrammar(logic.grammar, infos)
-                translation = Translation.of(self._pddl_state) if reset_cache else None
+                if translation is None and reset_cache:
+                    translation = Translation.of(self._pddl_state)
+                    if disk is not None:
+                        disk.put(domain, problem, translation.stored())
                 game = _Game(logic, infos, translation)
                 if reset_cache:
                     _LOADED[key] = game
@@ -257,7 +275,10 @@ class ALFWorldEnv(gym.Env[str, str]):
     ``fast_text=False`` derives all text with TextWorld's own grammar code (same text, ~10-50x
     slower steps); ``reset_cache`` is how many games' translated problems the process keeps (for
     all its envs), so that a reset of one of them skips fast-downward's translation (0: this
-    env translates every reset).
+    env translates every reset); ``translation_cache`` is the directory where a game's
+    translation is kept for every later process (:mod:`envs.translations`; used with
+    ``reset_cache`` > 0; None, the default here: none; a run's workers use
+    ``~/.cache/reflexsim/alfworld-translations`` unless ``--translation-cache`` says otherwise).
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
@@ -272,6 +293,7 @@ class ALFWorldEnv(gym.Env[str, str]):
         render_mode: str | None = None,
         fast_text: bool = True,
         reset_cache: int = DEFAULT_RESET_CACHE,
+        translation_cache: str | os.PathLike[str] | None = None,
     ) -> None:
         if max_steps <= 0:
             raise EnvError(f"max_steps must be > 0, got {max_steps}")
@@ -281,6 +303,7 @@ class ALFWorldEnv(gym.Env[str, str]):
             )
         self.fast_text = bool(fast_text)
         self.reset_cache = reset_cache
+        self.translations = store_for(translation_cache)
         records = discover_games(data_dir, split, task_types)
         if games is not None:
             by_id = {r.game_id: r for r in records}
@@ -310,7 +333,7 @@ class ALFWorldEnv(gym.Env[str, str]):
         game_id = pick_game(options, self.game_ids, self.np_random)
         record = self._records[game_id]
         if self._engine is None:
-            self._engine = _make_engine(self.fast_text, self.reset_cache)
+            self._engine = _make_engine(self.fast_text, self.reset_cache, self.translations)
         if self._loaded != game_id:
             data = load_game_data(record.path)
             try:

@@ -27,10 +27,13 @@ TextWorld's own code instead.
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
+import io
 import itertools
 import logging
 import os
+import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -175,6 +178,77 @@ class Translation:
         """The translation a just-built recording state holds (before it is played)."""
         attributes = {name: getattr(state, name) for name in _TRANSLATED}
         return cls(attributes, tuple(state._added), getattr(state, "epoch", 0))
+
+    def stored(self) -> dict[str, Any]:
+        """The translation as plain data (texts and names), for another process to rebuild with
+        :meth:`from_stored`: the SAS texts and the facts the state started with. The rest is
+        cheap to compute again; objects are not stored: TextWorld's and fast-downward's keep
+        their hashes, which differ from one process to the next."""
+        return {
+            "pddl_problem": self.attributes["pddl_problem"],
+            "sas": self.attributes["sas"],
+            "sas_replan": self.attributes["sas_replan"],
+            "added": [
+                [[p.name, [[v.name, v.type] for v in p.arguments]] for p in props]
+                for props in self.added
+            ],
+        }
+
+    @classmethod
+    def from_stored(cls, entry: Mapping[str, Any], logic: Any) -> Translation:
+        """The translation :meth:`stored` gave, for this process's freshly parsed ``logic``, as
+        ``PddlState.__init__`` computes it: fast-downward's task parsed and normalized by
+        fast-downward (the translator's first steps, a few milliseconds), the task's types added
+        to ``logic``, its actions and object types looked up by name; the SAS texts and the
+        starting facts from the entry. Its states get a content name of their own."""
+        # heavy: textworld, only to play or make a game
+        from textworld.logic import Proposition, Type, Variable
+
+        problem = entry["pddl_problem"]
+        task = parse_task(logic.domain, problem)
+        for type_ in task.types:
+            try:
+                logic.types.add(Type(type_.name, type_.supertype_names))
+            except ValueError:  # already there
+                pass
+        attributes = {
+            "_logic": logic,
+            "downward_lib": None,  # restore_state sets the engine's own
+            "pddl_problem": problem,
+            "task": task,
+            "sas": entry["sas"],
+            "sas_replan": entry["sas_replan"],
+            "_actions": {a.name: a for a in task.actions},
+            "name2type": {o.name: o.type_name for o in task.objects},
+        }
+        added = tuple(
+            [Proposition(name, [Variable(v, t) for v, t in args]) for name, args in props]
+            for props in entry["added"]
+        )
+        return cls(attributes, added, new_version())
+
+
+def parse_task(domain: str, problem: str) -> Any:
+    """fast-downward's task for a PDDL domain and problem, parsed and normalized by
+    fast-downward's own code as ``pddl2sas`` does before it translates (its warnings are
+    swallowed, as there)."""
+    # fast-downward's translator reads its options from sys.argv when first imported, and its
+    # pddl2sas sets sys.argv for it; do the same, and put it back
+    saved = sys.argv
+    sys.argv = ["translate.py", "domain", "task"]
+    try:
+        # heavy: fast-downward's translator, only to play a game
+        from fast_downward.translate import normalize
+        from fast_downward.translate.pddl_parser import lisp_parser, parsing_functions
+    finally:
+        sys.argv = saved
+    with contextlib.redirect_stdout(io.StringIO()):
+        task = parsing_functions.parse_task(
+            lisp_parser.parse_nested_list(domain.split("\n")),
+            lisp_parser.parse_nested_list(problem.split("\n")),
+        )
+        normalize.normalize(task)
+    return task
 
 
 def restore_state(cls: Any, translation: Translation, downward_lib: Any) -> Any:

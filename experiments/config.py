@@ -298,6 +298,13 @@ class ExecutionConfig:
         minimum=0,
         resumable=True,
     )
+    translation_cache: str | None = option(
+        None,
+        "directory where ALFWorld games' translations are kept for every later env worker and "
+        "run, so that a game is translated once per machine (default: "
+        "~/.cache/reflexsim/alfworld-translations; off: none)",
+        resumable=True,
+    )
     concurrency: int = option(
         4,
         "episodes in play (sending model requests); one more per worker resets its game ahead",

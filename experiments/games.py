@@ -12,6 +12,7 @@ from typing import Any
 from envs.discovery import SPLITS, TASK_TYPES, discover_games
 from envs.ground_truth import GameFileTruth
 from envs.textworld_env import discover_textworld_games
+from envs.translations import cache_dir
 from envs.twgen import generate_textworld_games
 from experiments.config import RunConfig, data_root
 from experiments.errors import ConfigError
@@ -64,6 +65,7 @@ def select_games(cfg: RunConfig) -> GameSet:
         "max_steps": cfg.protocol.max_steps,
         "games": [t.game for t in tasks],
         "reset_cache": cfg.execution.reset_cache,
+        "translation_cache": cache_dir(cfg.execution.translation_cache),
     }
     source = f"{cfg.gameset.split} of {data}"
     return GameSet("alfworld", kwargs, tasks, {r.game_id: r.path for r in records}, source)
