@@ -37,7 +37,6 @@ from agents.arm import RUN_ROLES
 from agents.llm.redaction import REDACTED, redact
 from agents.options import declare, help_text, leaf_names, model_spec, option
 from agents.reflexion_code import CODE_PROTOCOL
-from envs import DEFAULT_RESET_CACHE
 from experiments.errors import ConfigError
 
 REFLECTION_FORMATS = ("free", "critique")
@@ -285,16 +284,21 @@ class GamesConfig:
             )
 
 
+# The most games --reset-cache keeps by default (a worker keeps only the games it loaded, and a
+# game goes back to the worker that loaded it: ~1 GB a worker at most).
+MAX_RESET_CACHE = 256
+
+
 @dataclass(frozen=True)
 class ExecutionConfig:
     """How the run uses the machine (never changes results)."""
 
     workers: int = option(1, "env worker processes", minimum=1, resumable=True)
-    reset_cache: int = option(
-        DEFAULT_RESET_CACHE,
+    reset_cache: int | None = option(
+        None,
         "ALFWorld games whose parsed state each env worker keeps, so that a later reset of one "
-        "skips its translation (~4 MB each; 0: none); each trial resets every game again, so a "
-        "night wants about its games over --workers",
+        "skips loading it (~4 MB each, for the games the worker has loaded; 0: none); each "
+        f"trial resets every game again (default: the run's games, at most {MAX_RESET_CACHE})",
         minimum=0,
         resumable=True,
     )

@@ -14,7 +14,7 @@ from envs.ground_truth import GameFileTruth
 from envs.textworld_env import discover_textworld_games
 from envs.translations import cache_dir
 from envs.twgen import generate_textworld_games
-from experiments.config import RunConfig, data_root
+from experiments.config import MAX_RESET_CACHE, RunConfig, data_root
 from experiments.errors import ConfigError
 from experiments.trials import Task
 
@@ -64,11 +64,19 @@ def select_games(cfg: RunConfig) -> GameSet:
         "split": cfg.gameset.split,
         "max_steps": cfg.protocol.max_steps,
         "games": [t.game for t in tasks],
-        "reset_cache": cfg.execution.reset_cache,
+        "reset_cache": reset_cache(cfg, len(tasks)),
         "translation_cache": cache_dir(cfg.execution.translation_cache),
     }
     source = f"{cfg.gameset.split} of {data}"
     return GameSet("alfworld", kwargs, tasks, {r.game_id: r.path for r in records}, source)
+
+
+def reset_cache(cfg: RunConfig, games: int) -> int:
+    """The games each env worker keeps (``--reset-cache``): by default every game of the run
+    (each trial resets them all again; a game goes back to the worker that loaded it), at most
+    ``MAX_RESET_CACHE``."""
+    given = cfg.execution.reset_cache
+    return min(max(games, 1), MAX_RESET_CACHE) if given is None else given
 
 
 def generated_games_dir(cfg: RunConfig) -> Path:

@@ -306,3 +306,31 @@ def test_corrupt_game_files(data: Path, small_games: list[str], tmp_path: Path) 
     # the env is still usable after a bad game
     obs, info = env.reset(options={"game": small_games[0]})
     assert obs.startswith("You are in the middle of a room") and info["game"] == small_games[0]
+
+
+def test_discovery_sees_a_game_file_changed_in_the_same_process(
+    generated_games: Path, tmp_path: Path
+) -> None:
+    """Discovery keeps what it read of each game while its files are unchanged (every env a
+    worker builds discovers again): a file rewritten since is read again."""
+    import os
+    import shutil
+
+    from envs.discovery import discover_games
+
+    root = tmp_path / "data"
+    shutil.copytree(generated_games, root)
+    split = "eval_out_of_distribution"
+    first = discover_games(root, split)
+    assert discover_games(root, split) == first
+    game = first[0].path
+    text = game.read_text()
+    assert '"solvable": true' in text
+    game.write_text(text.replace('"solvable": true', '"solvable": false'))
+    stat = game.stat()  # the same size: make sure the time moves even on a coarse clock
+    os.utime(game, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    assert [g.game_id for g in discover_games(root, split)] == [g.game_id for g in first[1:]]
+    traj = first[1].path.parent / "traj_data.json"
+    traj.write_text('{"task_type": "look_at_obj_in_light"}')
+    again = {g.game_id: g.task_type for g in discover_games(root, split)}
+    assert again[first[1].game_id] == "look_at_obj_in_light"

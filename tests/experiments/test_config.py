@@ -168,12 +168,18 @@ def test_settings_take_the_config_names():
 
 def test_reset_cache_reaches_every_env_worker(generated_games):
     """``--reset-cache N`` (a night of many games x trials resets every game again each trial)
-    is what each env the workers build keeps; the default is the env's own."""
-    from envs import DEFAULT_RESET_CACHE
+    is what each env the workers build keeps; by default, every game of the run (at most
+    MAX_RESET_CACHE)."""
     from envs.pool import EnvSpec
-    from experiments.games import select_games
+    from experiments.config import MAX_RESET_CACHE
+    from experiments.games import reset_cache, select_games
 
-    for given, kept in (({}, DEFAULT_RESET_CACHE), ({"reset_cache": 140}, 140)):
+    for given, kept in (
+        ({}, 6),  # one generated game per task type
+        ({"games": 2}, 2),
+        ({"reset_cache": 140}, 140),
+        ({"reset_cache": 0}, 0),
+    ):
         cfg = RunConfig.of(data=str(generated_games), split="eval_out_of_distribution", **given)
         games = select_games(cfg)
         env = EnvSpec(games.env_kind, games.env_kwargs).build()
@@ -181,5 +187,6 @@ def test_reset_cache_reaches_every_env_worker(generated_games):
             assert env.reset_cache == kept
         finally:
             env.close()
+    assert reset_cache(RunConfig.of(), 3553) == MAX_RESET_CACHE
     with pytest.raises(ConfigError, match="reset-cache must be >= 0"):
         RunConfig.of(reset_cache=-1)
