@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -52,6 +53,8 @@ from envs.fast_text import (
 )
 from envs.spaces import MAX_ACTION, MAX_OBSERVATION, pick_game, printable, text_space
 from envs.translations import TranslationStore, store_for
+
+log = logging.getLogger(__name__)
 
 BANNER = "-= Welcome to TextWorld, ALFRED! =-"
 TASK_PREFIX = "Your task is to: "
@@ -173,9 +176,15 @@ def _make_engine(
                 stored = disk.get(domain, problem) if disk is not None else None
                 translation: Translation | None = None
                 if stored is not None:
-                    translation = Translation.from_stored(stored, logic)
-                    self._pddl_state = restore_state(state_class, translation, self.downward_lib)
-                else:
+                    try:
+                        translation = Translation.from_stored(stored, logic)
+                        self._pddl_state = restore_state(
+                            state_class, translation, self.downward_lib
+                        )
+                    except Exception as exc:  # an entry of the right name but not of its layout
+                        log.warning("translation cache: an entry could not be used (%r)", exc)
+                        translation = None
+                if translation is None:
                     self._pddl_state = state_class(self.downward_lib, problem, logic)
                 infos = self._get_entity_infos()
                 demangler = Demangler(game_infos=infos, shuffle=False)

@@ -235,7 +235,8 @@ def parse_task(domain: str, problem: str) -> Any:
     # fast-downward's translator reads its options from sys.argv when first imported, and its
     # pddl2sas sets sys.argv for it; do the same, and put it back
     saved = sys.argv
-    sys.argv = ["translate.py", "domain", "task"]
+    if "fast_downward.translate.options" not in sys.modules:
+        sys.argv = ["translate.py", "domain", "task"]
     try:
         # heavy: fast-downward's translator, only to play a game
         from fast_downward.translate import normalize

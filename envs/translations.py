@@ -19,6 +19,7 @@ once and the game is played as translated: the cache never fails a run.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -37,6 +38,7 @@ FORMAT = 1  # the layout of an entry; a change makes every older entry absent
 _LIBRARIES = ("fast-downward-textworld", "textworld")  # whose translator and facts it holds
 
 
+@functools.cache
 def _library_versions() -> str:
     found = []
     for name in _LIBRARIES:
@@ -82,8 +84,8 @@ class TranslationStore:
         return entry
 
     def put(self, domain: str, problem: str, entry: dict[str, Any]) -> None:
-        """Store ``entry`` (picklable; its ``pddl_problem`` must be ``problem``); a failure is
-        logged once, never raised."""
+        """Store ``entry`` (plain data for JSON; its ``pddl_problem`` must be ``problem``); a
+        failure is logged once, never raised."""
         path = self._path(self.key(domain, problem))
         try:
             blob = zlib.compress(json.dumps(entry, separators=(",", ":")).encode(), 1)

@@ -129,6 +129,28 @@ def test_an_unreadable_entry_is_translated_again_and_rewritten(
     assert count.during(play) == 0
 
 
+def test_an_entry_that_cannot_be_used_is_translated_instead(
+    generated_games: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    """An entry under the right name whose content is not a translation's (edited by hand, or
+    written by a bug) is logged and the game translated: the cache never fails a game."""
+    from envs.alfworld_env import load_game_data
+
+    game = small_games(generated_games, GENERATED_SPLIT, 1)[0]
+    data = load_game_data(generated_games / game / "game.tw-pddl")
+    store = TranslationStore(tmp_path)
+    store.put(data["pddl_domain"], data["pddl_problem"], {"pddl_problem": data["pddl_problem"]})
+    count = TranslationCount(monkeypatch)
+    env = ALFWorldEnv(generated_games, GENERATED_SPLIT, games=[game], translation_cache=tmp_path)
+    cold = ALFWorldEnv(generated_games, GENERATED_SPLIT, games=[game], reset_cache=0)
+    with caplog.at_level(logging.WARNING, logger="envs.alfworld_env"):
+        got = count.during(
+            lambda: assert_equal(trajectory(env, game, 2), trajectory(cold, game, 2))
+        )
+    assert got == 2  # the env's, then the cold env's
+    assert "could not be used" in caplog.text
+
+
 def assert_equal(got: Any, want: Any) -> None:
     assert got == want
 
