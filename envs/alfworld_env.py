@@ -52,7 +52,7 @@ from envs.fast_text import (
     tracked_state_class,
 )
 from envs.spaces import MAX_ACTION, MAX_OBSERVATION, pick_game, printable, text_space
-from envs.translations import TranslationStore, store_for
+from envs.translations import TranslationStore
 
 log = logging.getLogger(__name__)
 
@@ -172,20 +172,7 @@ def _make_engine(
             else:
                 domain, problem = data["pddl_domain"], data["pddl_problem"]
                 logic = pddl_logic.GameLogic(domain=domain, grammar=data["grammar"])
-                disk = translations if reset_cache else None
-                stored = disk.get(domain, problem) if disk is not None else None
-                translation: Translation | None = None
-                if stored is not None:
-                    try:
-                        translation = Translation.from_stored(stored, logic)
-                        self._pddl_state = restore_state(
-                            state_class, translation, self.downward_lib
-                        )
-                    except Exception as exc:  # an entry of the right name but not of its layout
-                        log.warning("translation cache: an entry could not be used (%r)", exc)
-                        translation = None
-                if translation is None:
-                    self._pddl_state = state_class(self.downward_lib, problem, logic)
+                translation = self._first_state(logic, domain, problem)
                 infos = self._get_entity_infos()
                 demangler = Demangler(game_infos=infos, shuffle=False)
                 for info in infos.values():
@@ -194,8 +181,8 @@ def _make_engine(
                     logic.grammar = FastGrammar(logic.grammar, infos)
                 if translation is None and reset_cache:
                     translation = Translation.of(self._pddl_state)
-                    if disk is not None:
-                        disk.put(domain, problem, translation.stored())
+                    if translations is not None:
+                        translations.put(domain, problem, translation.stored())
                 game = _Game(logic, infos, translation)
                 if reset_cache:
                     _LOADED[key] = game
@@ -208,6 +195,24 @@ def _make_engine(
             self._logic = game.logic
             self._entity_infos = game.entity_infos
             self._fresh = True
+
+        def _first_state(self, logic: Any, domain: str, problem: str) -> Translation | None:
+            """Build a newly loaded game's state: from its translation on disk when there is a
+            usable one (returned), else by translating (None). An entry of the right name but
+            not of a translation's layout is logged and translated instead."""
+            if translations is not None and reset_cache:
+                stored = translations.get(domain, problem)
+                if stored is not None:
+                    try:
+                        translation = Translation.from_stored(stored, logic)
+                        self._pddl_state = restore_state(
+                            state_class, translation, self.downward_lib
+                        )
+                        return translation
+                    except Exception as exc:
+                        log.warning("translation cache: an entry could not be used (%r)", exc)
+            self._pddl_state = state_class(self.downward_lib, problem, logic)
+            return None
 
         def reset(self) -> Any:
             # load() already built the state: use it once instead of translating (or restoring)
@@ -312,7 +317,9 @@ class ALFWorldEnv(gym.Env[str, str]):
             )
         self.fast_text = bool(fast_text)
         self.reset_cache = reset_cache
-        self.translations = store_for(translation_cache)
+        self.translations = (
+            None if translation_cache is None else TranslationStore(translation_cache)
+        )
         records = discover_games(data_dir, split, task_types)
         if games is not None:
             by_id = {r.game_id: r for r in records}

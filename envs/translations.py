@@ -109,11 +109,6 @@ class TranslationStore:
                 )
 
 
-def store_for(root: str | os.PathLike[str] | None) -> TranslationStore | None:
-    """The store under ``root`` (None: no store, every game translated as it loads)."""
-    return None if root is None else TranslationStore(root)
-
-
 def cache_dir(setting: str | None) -> str | None:
     """The directory a ``--translation-cache`` setting names: the default one for None, no
     directory (no cache) for ``off``."""
