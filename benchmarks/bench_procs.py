@@ -7,13 +7,17 @@ that answers at once (so the harness, not a model, sets the pace). The rate is t
 over the time from its first step to its last (from the store: start-up and the end report fall
 out), as medians of ``--repeats`` measured side by side (each repeat runs every setting).
 
+``--on-ray`` adds each N above one as Ray actors (``--harness-procs-on-ray``) on a private local
+Ray cluster this script starts once (its daemons' CPU is counted as the runs' only through the
+cores they leave).
+
 Printed beside it: how busy the run kept the machine's cores (the CPU of the runner, its runner
 processes and env workers, and the loopback server, over cores x wall): N processes can add
 steps only while cores are left over (the env workers, ~4 ms of CPU an ALFWorld step, and the
 loopback server share them).
 
     python benchmarks/bench_procs.py [--data DIR] [--games 64] [--procs 1 2] [--repeats 3]
-        [--modes served inproc] [--concurrency 64] [--workers 2]
+        [--modes served inproc] [--concurrency 64] [--workers 2] [--on-ray]
 """
 
 from __future__ import annotations
@@ -44,7 +48,9 @@ def play_rate(run_dir: Path) -> tuple[float, int]:
     return (n - 1) / (last - first), n
 
 
-def one_run(a: argparse.Namespace, procs: int, url: str | None) -> tuple[float, int, float]:
+def one_run(
+    a: argparse.Namespace, procs: int, url: str | None, ray: str | None = None
+) -> tuple[float, int, float]:
     """The run's steps a second and steps, and how busy it kept the machine's cores (the CPU
     of every process it started, and of this one, where the loopback server runs, over the
     cores' time while it ran)."""
@@ -57,6 +63,8 @@ def one_run(a: argparse.Namespace, procs: int, url: str | None) -> tuple[float, 
             "--workers", str(a.workers), "--harness-procs", str(procs),
             "--run-dir", str(run_dir),
         ]  # fmt: skip
+        if ray is not None:
+            cmd += ["--harness-procs-on-ray", "--ray", ray]
         cmd += ["--model", "scripted:random"] if url is None else [
             "--model", "openai:standin", "--base-url", url,
         ]  # fmt: skip
@@ -74,37 +82,49 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=["served", "inproc"])
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--on-ray", action="store_true", help="N > 1 as Ray actors too")
     args = parser.parse_args()
+    settings: list[tuple[int, bool]] = [(n, False) for n in args.procs]
+    ray_address = None
+    if args.on_ray:
+        from experiments.ray_session import connect, import_ray  # lazily: an optional extra
+
+        connect("local")
+        ray_address = import_ray().get_runtime_context().gcs_address
+        settings += [(n, True) for n in args.procs if n > 1]
     from tests.support.fault_server import FaultPlan, FaultServer
     from tests.support.gpu_standin import text_policy
 
     server = FaultServer(FaultPlan(), answer=text_policy("random")).start()
     try:
         urls = {"served": server.url, "inproc": None}
-        rates: dict[tuple[str, int], list[float]] = {}
-        busy: dict[tuple[str, int], list[float]] = {}
+        rates: dict[tuple[str, int, bool], list[float]] = {}
+        busy: dict[tuple[str, int, bool], list[float]] = {}
         for _ in range(args.repeats):
             for mode in args.modes:
-                for procs in args.procs:
-                    rate, steps, used = one_run(args, procs, urls[mode])
-                    rates.setdefault((mode, procs), []).append(rate)
-                    busy.setdefault((mode, procs), []).append(used)
+                for procs, on_ray in settings:
+                    rate, steps, used = one_run(
+                        args, procs, urls[mode], ray_address if on_ray else None
+                    )
+                    rates.setdefault((mode, procs, on_ray), []).append(rate)
+                    busy.setdefault((mode, procs, on_ray), []).append(used)
                     print(
-                        f"  {mode}, {procs} process(es): {steps} steps, {rate:.0f}/s, "
-                        f"cores {100 * used:.0f}% busy",
+                        f"  {mode}, {procs} process(es){' on Ray' * on_ray}: {steps} steps, "
+                        f"{rate:.0f}/s, cores {100 * used:.0f}% busy",
                         flush=True,
                     )
         print(
             f"\nsteps a second, first step to last, medians of {args.repeats} ({args.games} games,"
             f" --concurrency {args.concurrency}, --workers {args.workers}; {os.cpu_count()} cores):"
         )
-        print(f"{'mode':<8} {'procs':>5} {'steps/s':>8} {'x one':>6} {'cores busy':>11}")
+        print(f"{'mode':<8} {'procs':>10} {'steps/s':>8} {'x one':>6} {'cores busy':>11}")
         for mode in args.modes:
-            one = statistics.median(rates[(mode, args.procs[0])])
-            for procs in args.procs:
-                rate = statistics.median(rates[(mode, procs)])
-                used = statistics.median(busy[(mode, procs)])
-                print(f"{mode:<8} {procs:>5} {rate:>8.0f} {rate / one:>6.2f} {100 * used:>10.0f}%")
+            one = statistics.median(rates[(mode, *settings[0])])
+            for procs, on_ray in settings:
+                rate = statistics.median(rates[(mode, procs, on_ray)])
+                used = statistics.median(busy[(mode, procs, on_ray)])
+                name = f"{procs}{' on Ray' * on_ray}"
+                print(f"{mode:<8} {name:>10} {rate:>8.0f} {rate / one:>6.2f} {100 * used:>10.0f}%")
     finally:
         server.stop()
 

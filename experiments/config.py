@@ -395,6 +395,12 @@ class ClusterConfig:
     env_worker_cpus: float = option(
         1.0, "CPUs each Ray env worker reserves", minimum=0.0, resumable=True
     )
+    harness_procs_on_ray: bool = option(
+        False,
+        "with --harness-procs 2 or more: start the runner processes as Ray actors (a CPU "
+        "each) on this node, which holds the run's store (needs --ray)",
+        resumable=True,
+    )
     gpus: float | None = option(
         None,
         "GPUs a job (or each served replica) reserves on Ray (default: 0 for API and scripted "
@@ -434,8 +440,12 @@ class ClusterConfig:
         return None if (self.ray or "off").strip().lower() == "off" else self.ray
 
     def __post_init__(self) -> None:
-        if self.env_workers_on_ray and not self.address:
-            raise ConfigError("--env-workers-on-ray needs --ray ADDRESS (or --ray local)")
+        for flag, on in (
+            ("--env-workers-on-ray", self.env_workers_on_ray),
+            ("--harness-procs-on-ray", self.harness_procs_on_ray),
+        ):
+            if on and not self.address:
+                raise ConfigError(f"{flag} needs --ray ADDRESS (or --ray local)")
         if self.serve_replicas > 1 and not self.address:
             raise ConfigError(
                 f"--serve-replicas {self.serve_replicas} starts servers on a Ray cluster: add "

@@ -16,6 +16,8 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import signal
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -59,18 +61,34 @@ def connect(address: str) -> bool:
     if ray.is_initialized():
         return False
     options: dict[str, Any] = {"runtime_env": _runtime_env(), "logging_level": logging.WARNING}
-    if address == "local":
-        ray.init(address="local", include_dashboard=False, **options)
-        return True
-    try:
-        ray.init(address=address, **options)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        first = (str(exc).strip().splitlines() or [""])[0][:300]
-        raise ConfigError(
-            f"cannot connect to the Ray cluster at {address!r} ({first}): start it with "
-            "`ray start --head` (see scripts/slurm/), or use --ray local"
-        ) from None
+    with _own_sigterm():
+        if address == "local":
+            ray.init(address="local", include_dashboard=False, **options)
+            return True
+        try:
+            ray.init(address=address, **options)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            raise ConfigError(
+                f"cannot connect to the Ray cluster at {address!r} ({first}): start it with "
+                "`ray start --head` (see scripts/slurm/), or use --ray local"
+            ) from None
     return True
+
+
+@contextmanager
+def _own_sigterm() -> Iterator[None]:
+    """The process's SIGTERM handler as it was before the block: ``ray.init`` puts in one that
+    exits at once (``sys.exit``), which would end a run without its orderly interruption."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        if handler is not None:
+            signal.signal(signal.SIGTERM, handler)
 
 
 @contextmanager

@@ -116,8 +116,9 @@ def test_a_token_budget_counts_every_process(generated_games, tmp_path):
         (["--model", "embedded"], "serve it"),
         (["--protocol", "reflexion-code"], "use --harness-procs 1"),
         (["--concurrency", "1"], "--concurrency 2 or more"),
+        (["--harness-procs-on-ray"], "--harness-procs-on-ray needs --ray"),
     ],
-    ids=["in-process model", "paper code protocol", "too few in flight"],
+    ids=["in-process model", "paper code protocol", "too few in flight", "on Ray without Ray"],
 )
 def test_what_several_processes_cannot_play_is_one_line(
     generated_games, tmp_path, capsys, flags, says
