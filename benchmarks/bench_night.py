@@ -55,7 +55,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from timing import child_result, data_parser
+from timing import child_result, data_parser, machine_cpu_s
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the stand-in: tests/support
@@ -106,14 +106,6 @@ def chain_and_steps(run_dir: Path) -> tuple[float, int]:
             per_game[call.game] = per_game.get(call.game, 0.0) + call.latency_s
         steps = sum(len(reader.steps(e.episode_id)) for e in reader.episodes())
     return max(per_game.values(), default=0.0), steps
-
-
-def machine_cpu_s() -> float:
-    """CPU seconds the whole machine has spent busy since boot (every core; Linux)."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    idle = fields[3] + fields[4]  # idle, iowait
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def measure(

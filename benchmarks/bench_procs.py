@@ -11,8 +11,8 @@ out), as medians of ``--repeats`` measured side by side (each repeat runs every 
 Ray cluster this script starts once (its daemons' CPU is counted as the runs' only through the
 cores they leave).
 
-Printed beside it: how busy the run kept the machine's cores (the CPU of the runner, its runner
-processes and env workers, and the loopback server, over cores x wall): N processes can add
+Printed beside it: how busy the machine's cores were during the run (``/proc/stat``: the runner,
+its runner processes and env workers, the loopback server and Ray's daemons, over cores x wall): N processes can add
 steps only while cores are left over (the env workers, ~4 ms of CPU an ALFWorld step, and the
 loopback server share them).
 
@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from bench_harness import SPLIT, run_child
-from timing import data_parser
+from timing import data_parser, machine_cpu_s
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the loopback server: tests/support
@@ -51,10 +51,10 @@ def play_rate(run_dir: Path) -> tuple[float, int]:
 def one_run(
     a: argparse.Namespace, procs: int, url: str | None, ray: str | None = None
 ) -> tuple[float, int, float]:
-    """The run's steps a second and steps, and how busy it kept the machine's cores (the CPU
-    of every process it started, and of this one, where the loopback server runs, over the
-    cores' time while it ran)."""
-    began, cpu_here = time.perf_counter(), time.process_time()
+    """The run's steps a second and steps, and how busy the machine's cores were while it ran
+    (``/proc/stat``: every process, its env workers and Ray's daemons included, over the
+    cores' time)."""
+    began, cpu = time.perf_counter(), machine_cpu_s()
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         cmd = [
@@ -68,9 +68,8 @@ def one_run(
         cmd += ["--model", "scripted:random"] if url is None else [
             "--model", "openai:standin", "--base-url", url,
         ]  # fmt: skip
-        out = run_child(cmd)
-        wall = time.perf_counter() - began
-        cpu = out["cpu_s"] + out["children_cpu_s"] + time.process_time() - cpu_here
+        run_child(cmd)
+        wall, cpu = time.perf_counter() - began, machine_cpu_s() - cpu
         return (*play_rate(run_dir), cpu / (wall * (os.cpu_count() or 1)))
 
 

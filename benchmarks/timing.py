@@ -47,3 +47,11 @@ def child_result(cmd: list[str], root: Path) -> dict[str, Any]:
     if out.get("code", 0) != 0:
         raise SystemExit(f"the runner exited {out['code']}: {done.stderr[-3000:]}")
     return out
+
+
+def machine_cpu_s() -> float:
+    """CPU seconds the whole machine has spent busy since boot (every core; Linux)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")

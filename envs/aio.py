@@ -41,17 +41,21 @@ class AsyncEnvPool:
         self._waiting[slot] = future
         try:
             self.pool.submit({slot: call})
-            self._collect()
+            self._hand(self.pool.answered())  # its answer comes through the readers
+            self._watch()
             return await future
         finally:
             self._waiting.pop(slot, None)
 
     def _collect(self) -> None:
-        for slot, outcome in self.pool.collect(0.0).items():
+        self._hand(self.pool.collect(0.0))
+        self._watch()
+
+    def _hand(self, outcomes: dict[int, Outcome]) -> None:
+        for slot, outcome in outcomes.items():
             future = self._waiting.get(slot)
             if future is not None and not future.done():
                 future.set_result(outcome)
-        self._watch()
 
     def _watch(self) -> None:
         """Wait on exactly what the pool is busy with now. The readers change only when the

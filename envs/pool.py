@@ -222,6 +222,11 @@ class _PoolAPI:
     def collect(self, timeout: float | None = None) -> dict[int, Outcome]:
         raise NotImplementedError
 
+    def answered(self) -> dict[int, Outcome]:
+        """The answers already here, handed back without asking any worker (a call refused at
+        once, answers read while collecting others)."""
+        raise NotImplementedError
+
     def call_many(self, calls: Mapping[int, Call]) -> dict[int, Outcome]:
         raise NotImplementedError
 
@@ -303,6 +308,9 @@ class SyncEnvPool(_PoolAPI):
 
     def collect(self, timeout: float | None = None) -> dict[int, Outcome]:
         """Every answer not yet handed back (never waits: submit already ran them)."""
+        return self.answered()
+
+    def answered(self) -> dict[int, Outcome]:
         out, self._ready = self._ready, {}
         return out
 
@@ -413,6 +421,12 @@ class _Worker:
         self.conn: Connection = parent_end
         self.started = time.monotonic()
         self.ready = False
+        self._poller = select.poll()  # one, kept: asked after every answer read
+        self._poller.register(parent_end.fileno(), _READABLE)
+
+    def has_more(self) -> bool:
+        """Whether the pipe can be read now (a message, or EOF) without waiting."""
+        return bool(self._poller.poll(0))
 
     @property
     def pid(self) -> int | None:
@@ -540,12 +554,18 @@ class EnvPool(_PoolAPI):
         """The answers that have arrived, waiting up to ``timeout`` seconds (None: as long as
         it takes) for at least one; empty when nothing is in flight or the wait ran out."""
         end = None if timeout is None else time.monotonic() + timeout
+        pumped = False
         while not self._ready and any(self._sent):
             left = None if end is None else end - time.monotonic()
             if left is not None and left <= 0:
                 break
             self._pump(left)
-        self._pump(0.0)  # pick up whatever else has already arrived
+            pumped = True
+        if not pumped:
+            self._pump(0.0)  # pick up whatever has already arrived
+        return self.answered()
+
+    def answered(self) -> dict[int, Outcome]:
         out, self._ready = self._ready, {}
         self._busy.difference_update(out)
         return out
@@ -659,8 +679,12 @@ class EnvPool(_PoolAPI):
         until = min(self._deadline(i) for i in active) - now
         if wait_s is not None:
             until = min(until, wait_s)
-        for index in {sources[obj] for obj in readable(list(sources), max(0.0, until))}:
-            if not self._drain(index):
+        woke: dict[int, bool] = {}  # index -> whether its sentinel (a death) woke us too
+        for obj in readable(list(sources), max(0.0, until)):
+            index = sources[obj]
+            woke[index] = woke.get(index, False) or obj is self._workers[index].process.sentinel
+        for index, sentinel in woke.items():
+            if not self._drain(index, sentinel):
                 self._replace(index, "died")
         now = time.monotonic()
         for index in active:
@@ -675,12 +699,14 @@ class EnvPool(_PoolAPI):
             return worker.started + max(self.timeout_s, START_TIMEOUT_S)
         return self._progress[index] + self.timeout_s
 
-    def _drain(self, index: int) -> bool:
-        """Read every message the worker has sent; False if it died with calls unanswered."""
+    def _drain(self, index: int, sentinel: bool = True) -> bool:
+        """Read every message the worker has sent; False if it died with calls unanswered
+        (``sentinel``: its process sentinel was readable, so it may have; a worker that died
+        with nothing unread in its pipe reads as EOF otherwise)."""
         worker = self._workers[index]
         sent = self._sent[index]
         try:
-            while sent and readable([worker.conn], 0.0):
+            while sent and worker.has_more():
                 message = worker.conn.recv()
                 self._progress[index] = time.monotonic()
                 if message[0] == "ready":
@@ -693,7 +719,7 @@ class EnvPool(_PoolAPI):
                 self._episodes.record(slot, call, payload)
         except (EOFError, OSError):
             return False
-        return not sent or worker.process.is_alive()
+        return not sent or not sentinel or worker.process.is_alive()
 
     def _replace(self, index: int, reason: str) -> None:
         """Kill worker ``index``, fail the calls it held, and start a fresh one."""
