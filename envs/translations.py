@@ -12,7 +12,7 @@ compressed; 30-80 KB a game). :meth:`envs.fast_text.Translation.from_stored` reb
 
 An entry is used only when it names the same problem text, format and library versions; one
 that cannot be read (truncated, corrupt) counts as absent and is written again. Writing is
-atomic (a temporary file renamed into place), so workers that translate the same game at once
+atomic (:func:`memory.files.atomic_write`), so workers that translate the same game at once
 each write a whole file. A cache that cannot be written (a read-only disk, a full one) is logged
 once and the game is played as translated: the cache never fails a run.
 """
@@ -25,11 +25,12 @@ import json
 import logging
 import os
 import sys
-import tempfile
 import zlib
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
+
+from memory.files import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -90,14 +91,8 @@ class TranslationStore:
         try:
             blob = zlib.compress(json.dumps(entry, separators=(",", ":")).encode(), 1)
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(blob)
-                os.replace(tmp, path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            with atomic_write(path, "wb") as f:
+                f.write(blob)
         except Exception as exc:
             if not self._warned:
                 self._warned = True

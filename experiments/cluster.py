@@ -27,7 +27,6 @@ from typing import Any
 
 from experiments.config import RunConfig, from_mapping
 from experiments.errors import ConfigError
-from experiments.files import write_text
 from experiments.lock import DirLock
 from experiments.ray_session import (
     alive_nodes,
@@ -37,6 +36,7 @@ from experiments.ray_session import (
     session,
 )
 from experiments.session import run_dir_of
+from memory.files import write_text
 
 log = logging.getLogger("reflexsim.cluster")
 

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from experiments.errors import ConfigError, is_disk_full
-from experiments.files import atomic_write
 from experiments.store import open_reader
+from memory.files import atomic_write
 
 
 def _plain(row: dict[str, Any]) -> dict[str, Any]:
@@ -61,7 +61,7 @@ def unwritable(out: Path, exc: OSError) -> Exception:
 
 
 def _write(path: Path, fmt: str, rows: list[dict[str, Any]]) -> None:
-    """All rows or nothing (see :mod:`experiments.files`)."""
+    """All rows or nothing (see :mod:`memory.files`)."""
     if fmt == "jsonl":
         write_jsonl(path, rows)
         return

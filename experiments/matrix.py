@@ -66,7 +66,6 @@ from experiments.config import (
     public_values,
 )
 from experiments.errors import ConfigError, RunStoreError
-from experiments.files import write_text
 from experiments.games import generated_games_dir, select_games, textworld_cache_dir
 from experiments.lock import DirLock
 from experiments.ray_session import describe_resources, import_ray, job_resources
@@ -83,6 +82,7 @@ from experiments.serve import (
 )
 from experiments.session import RunSession, record_notes, run_dir_of
 from experiments.store import DB_NAME, RunState, RunStore
+from memory.files import write_text
 
 log = logging.getLogger("reflexsim.matrix")
 

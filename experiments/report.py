@@ -36,7 +36,6 @@ from typing import Any
 
 from agents import arms
 from experiments.errors import RunStoreError
-from experiments.files import atomic_write, write_text
 from experiments.store import (
     CallTotals,
     EpisodeError,
@@ -47,6 +46,7 @@ from experiments.store import (
     open_reader,
 )
 from experiments.terminal import escape_controls
+from memory.files import atomic_write, write_text
 from memory.records import EndClass, EpisodeStatus, classify_end
 
 # Fixed figure geometry, so the PNGs always have the same pixel size (no tight bbox).

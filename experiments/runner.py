@@ -34,12 +34,12 @@ from experiments.arming import (
 from experiments.config import RunConfig, parse_deadline
 from experiments.engine import Engine, ModelClient, Usage
 from experiments.errors import RunStoreError
-from experiments.files import write_text
 from experiments.games import GameSet
 from experiments.progress import NoProgress, Progress, RunLog
 from experiments.ray_session import ray_env_pool
 from experiments.store import RunStore
 from experiments.trials import Escalation, Task, TrialLoop
+from memory.files import write_text
 
 log = logging.getLogger("reflexsim.runner")
 

@@ -1,4 +1,5 @@
-"""Typed records of episodes and reflections, and the per-task sliding-window memory.
+"""Typed records of episodes and reflections, the per-task sliding-window memory, and files
+written whole or not at all (:mod:`memory.files`).
 
 Standard library only: every other package may import this one.
 """

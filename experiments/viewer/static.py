@@ -7,10 +7,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from experiments.files import write_text
 from experiments.store import open_reader
 from experiments.viewer.data import episode_detail, run_index
 from experiments.viewer.page import static_page
+from memory.files import write_text
 
 if TYPE_CHECKING:  # types only: the report imports this module
     from experiments.report import RunSummary

@@ -1,4 +1,4 @@
-"""Files a user keeps are written whole or not at all (``experiments.files.atomic_write``): an
+"""Files a user keeps are written whole or not at all (``memory.files.atomic_write``): an
 export killed with ``kill -9`` mid-write leaves the previous file as it was and no temporary;
 an error, Ctrl-C included, leaves none either; a report and a config copy leave none."""
 
@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from experiments import files
-from experiments.files import atomic_write, write_text
+from memory import files
+from memory.files import atomic_write, write_text
 from tests.support.runfactory import make_run, many_tasks
 
 ROOT = Path(__file__).resolve().parent.parent.parent

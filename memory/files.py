@@ -1,4 +1,5 @@
-"""Files a user keeps (exports, reports, config copies, a preset's state): whole or not at all.
+"""Files a user keeps (exports, reports, config copies, a preset's state) and the env workers'
+stored translations: whole or not at all.
 
 :func:`atomic_write` writes into a temporary file in the target's folder, flushes it to the
 disk and renames it over the target (``os.replace``): a reader, a crash or a ``kill -9`` finds
