@@ -6,25 +6,14 @@ the uninterrupted run's store."""
 
 from __future__ import annotations
 
-import json
-import os
-import signal
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from experiments.cli import main
-from experiments.store import RunStore
-from tests.experiments.test_shards import _pids
-from tests.experiments.test_signals import (
-    args_of,
-    assert_same_store,
-    start,
-    state_of,
-    wait_for_steps,
-)
+from tests.experiments.test_shards import killed_then_resumed, procs_event, stopped_then_resumed
+from tests.experiments.test_signals import args_of, assert_same_store, state_of
 from tests.support.raycluster import ray_cluster
 
 pytestmark = pytest.mark.slow
@@ -34,13 +23,6 @@ pytestmark = pytest.mark.slow
 def cluster() -> Iterator[Any]:
     with ray_cluster({"num_cpus": 2}) as c:
         yield c
-
-
-@pytest.fixture(scope="module")
-def one_process(generated_games: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    run_dir = tmp_path_factory.mktemp("one") / "run"
-    assert main(["run", *args_of(generated_games), "--run-dir", str(run_dir)]) == 0
-    return run_dir
 
 
 def _on_ray(cluster: Any) -> list[str]:
@@ -55,12 +37,8 @@ def test_ray_actors_play_the_same_run_as_one_process(
                  "--run-dir", str(run_dir)]) == 0  # fmt: skip
     assert state_of(run_dir).complete
     assert_same_store(one_process, run_dir)
-    assert len(_pids(run_dir)) == 2
-    store = RunStore(run_dir, readonly=True)
-    try:
-        where = json.loads(store.events("harness_procs")[-1]["detail"])
-    finally:
-        store.close()
+    where = procs_event(run_dir)
+    assert len(where["pids"]) == 2
     import ray  # lazily: the cluster fixture skips this module without Ray
 
     assert where["ray_node"] == ray.get_runtime_context().get_node_id()  # the store's node
@@ -69,33 +47,15 @@ def test_ray_actors_play_the_same_run_as_one_process(
 def test_sigterm_to_the_job_stops_the_runner_actors_and_resume_finishes_it(
     cluster, generated_games, one_process, tmp_path
 ):
-    run_dir = tmp_path / "run"
-    proc = start(*args_of(generated_games), *_on_ray(cluster), "--run-dir", str(run_dir))
-    wait_for_steps(proc, run_dir, 3)
-    os.killpg(proc.pid, signal.SIGTERM)  # the actors are not in the job's process group
-    _, err = proc.communicate(timeout=180)
-    assert proc.returncode == 143, err[-3000:]
-    assert "Traceback" not in err and "interrupted" in err
-    assert state_of(run_dir).ended == "interrupted"
-    assert main(["run", "--resume", str(run_dir)]) == 0
-    assert_same_store(one_process, run_dir)
+    # the actors are not in the job's process group: the runner stops them
+    stopped_then_resumed(generated_games, one_process, tmp_path / "run", _on_ray(cluster))
 
 
 def test_a_runner_actor_killed_ends_the_run_as_crashed_and_resume_finishes_it(
     cluster, generated_games, one_process, tmp_path
 ):
-    run_dir = tmp_path / "run"
-    proc = start(*args_of(generated_games), *_on_ray(cluster), "--run-dir", str(run_dir))
-    wait_for_steps(proc, run_dir, 3)
-    pids = _pids(run_dir)
-    assert len(pids) == 2
-    os.kill(pids[0], signal.SIGKILL)
-    _, err = proc.communicate(timeout=180)
-    assert proc.returncode == 3, err[-3000:]
-    assert "runner process 1 of 2 died (its Ray actor died)" in err and "--resume" in err
-    assert "Traceback" not in err
-    state = state_of(run_dir)
-    assert not state.complete and state.ended == "crashed"
-    assert main(["run", "--resume", str(run_dir)]) == 0  # on Ray again: this process's cluster
-    assert state_of(run_dir).complete
-    assert_same_store(one_process, run_dir)
+    # the resume runs on Ray again: this process's cluster
+    killed_then_resumed(
+        generated_games, one_process, tmp_path / "run", _on_ray(cluster),
+        "runner process 1 of 2 died (its Ray actor died)",
+    )  # fmt: skip

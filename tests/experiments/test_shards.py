@@ -10,6 +10,7 @@ import json
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,20 +27,18 @@ from tests.experiments.test_signals import (
 )
 
 
-@pytest.fixture(scope="module")
-def one_process(generated_games: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    run_dir = tmp_path_factory.mktemp("one") / "run"
-    assert main(["run", *args_of(generated_games), "--run-dir", str(run_dir)]) == 0
-    return run_dir
-
-
-def _pids(run_dir: Path) -> list[int]:
+def procs_event(run_dir: Path) -> dict[str, Any]:
+    """What the run recorded of its runner processes (their pids, tasks, where), or {}."""
     store = RunStore(run_dir, readonly=True)
     try:
         events = store.events("harness_procs")
     finally:
         store.close()
-    return list(json.loads(events[-1]["detail"])["pids"]) if events else []
+    return dict(json.loads(events[-1]["detail"])) if events else {}
+
+
+def _pids(run_dir: Path) -> list[int]:
+    return list(procs_event(run_dir).get("pids", []))
 
 
 def test_two_processes_play_the_same_run_as_one(generated_games, one_process, tmp_path):
@@ -57,39 +56,52 @@ def test_two_processes_play_the_same_run_as_one(generated_games, one_process, tm
         store.close()
 
 
-def test_a_runner_process_killed_ends_the_run_as_crashed_and_resume_finishes_it(
-    generated_games, one_process, tmp_path
-):
-    run_dir = tmp_path / "run"
-    proc = start(*args_of(generated_games), "--harness-procs", "2", "--run-dir", str(run_dir))
+def killed_then_resumed(games: Path, one: Path, run_dir: Path, flags: list[str], says: str) -> None:
+    """A run on ``flags`` whose first runner process is killed (``kill -9``) ends as crashed,
+    saying ``says``; ``--resume`` (in this process) gives ``one``'s store."""
+    proc = start(*args_of(games), *flags, "--run-dir", str(run_dir))
     wait_for_steps(proc, run_dir, 3)
     pids = _pids(run_dir)
     assert len(pids) == 2
     os.kill(pids[0], signal.SIGKILL)
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=180)
     assert proc.returncode == 3, err[-3000:]
-    assert "runner process 1 of 2 died (killed by SIGKILL)" in err and "--resume" in err
+    assert says in err and "--resume" in err
     assert "Traceback" not in err
     state = state_of(run_dir)
     assert not state.complete and state.ended == "crashed"
-    assert main(["run", "--resume", str(run_dir)]) == 0  # any number of processes resumes it
+    assert main(["run", "--resume", str(run_dir)]) == 0
     assert state_of(run_dir).complete
-    assert_same_store(one_process, run_dir)
+    assert_same_store(one, run_dir)
+
+
+def stopped_then_resumed(games: Path, one: Path, run_dir: Path, flags: list[str]) -> None:
+    """A run on ``flags`` whose job gets SIGTERM ends as interrupted; ``--resume`` (in this
+    process) gives ``one``'s store."""
+    proc = start(*args_of(games), *flags, "--run-dir", str(run_dir))
+    wait_for_steps(proc, run_dir, 3)
+    os.killpg(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 143, err[-3000:]
+    assert "Traceback" not in err and "interrupted" in err
+    assert state_of(run_dir).ended == "interrupted"
+    assert main(["run", "--resume", str(run_dir)]) == 0
+    assert_same_store(one, run_dir)
+
+
+def test_a_runner_process_killed_ends_the_run_as_crashed_and_resume_finishes_it(
+    generated_games, one_process, tmp_path
+):
+    killed_then_resumed(
+        generated_games, one_process, tmp_path / "run", ["--harness-procs", "2"],
+        "runner process 1 of 2 died (killed by SIGKILL)",
+    )  # fmt: skip
 
 
 def test_sigterm_to_the_job_interrupts_every_process_and_resume_finishes_it(
     generated_games, one_process, tmp_path
 ):
-    run_dir = tmp_path / "run"
-    proc = start(*args_of(generated_games), "--harness-procs", "2", "--run-dir", str(run_dir))
-    wait_for_steps(proc, run_dir, 3)
-    os.killpg(proc.pid, signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 143, err[-3000:]
-    assert "Traceback" not in err and "interrupted" in err
-    assert state_of(run_dir).ended == "interrupted"
-    assert main(["run", "--resume", str(run_dir), "--harness-procs", "2"]) == 0
-    assert_same_store(one_process, run_dir)
+    stopped_then_resumed(generated_games, one_process, tmp_path / "run", ["--harness-procs", "2"])
 
 
 def test_a_token_budget_counts_every_process(generated_games, tmp_path):
