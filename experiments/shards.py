@@ -31,8 +31,9 @@ What stays the parent's, so that the run reads as one process's:
 
 Refused (one line, before anything starts): a model loaded in process (each process would load
 its own; serve it: ``--serve`` or ``--base-url``), the paper code's protocol (its trial summary
-counts every game of a trial), env workers on Ray, ``--concurrency`` below N, and on Ray a node
-with fewer than N CPUs.
+counts every game of a trial), env workers on Ray and ``--concurrency`` below N. On Ray, a node
+with fewer than N CPUs is a one-line error too, once connected: the run has played nothing, and
+``--resume`` with fewer processes plays it.
 """
 
 from __future__ import annotations
