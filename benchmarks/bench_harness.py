@@ -45,9 +45,7 @@ import json, resource, sys
 from experiments.cli import main
 code = main(json.loads(sys.argv[1]))
 u = resource.getrusage(resource.RUSAGE_SELF)
-c = resource.getrusage(resource.RUSAGE_CHILDREN)  # its processes: env workers, runner processes
-print("BENCH " + json.dumps({"code": code, "cpu_s": u.ru_utime + u.ru_stime,
-                             "children_cpu_s": c.ru_utime + c.ru_stime}))
+print("BENCH " + json.dumps({"code": code, "cpu_s": u.ru_utime + u.ru_stime}))
 """
 
 # What a frame of a sampled stack is part of, by its file; the innermost frame that names a part

@@ -12,9 +12,9 @@ Ray cluster this script starts once (its daemons' CPU is counted as the runs' on
 cores they leave).
 
 Printed beside it: how busy the machine's cores were during the run (``/proc/stat``: the runner,
-its runner processes and env workers, the loopback server and Ray's daemons, over cores x wall): N processes can add
-steps only while cores are left over (the env workers, ~4 ms of CPU an ALFWorld step, and the
-loopback server share them).
+its runner processes and env workers, the loopback server and Ray's daemons, over cores x
+wall): N processes can add steps only while cores are left over (the env workers, ~4 ms of CPU
+an ALFWorld step, and the loopback server share them).
 
     python benchmarks/bench_procs.py [--data DIR] [--games 64] [--procs 1 2] [--repeats 3]
         [--modes served inproc] [--concurrency 64] [--workers 2] [--on-ray]

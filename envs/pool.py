@@ -699,7 +699,7 @@ class EnvPool(_PoolAPI):
             return worker.started + max(self.timeout_s, START_TIMEOUT_S)
         return self._progress[index] + self.timeout_s
 
-    def _drain(self, index: int, sentinel: bool = True) -> bool:
+    def _drain(self, index: int, sentinel: bool) -> bool:
         """Read every message the worker has sent; False if it died with calls unanswered
         (``sentinel``: its process sentinel was readable, so it may have; a worker that died
         with nothing unread in its pipe reads as EOF otherwise)."""

@@ -1,7 +1,7 @@
 """Ray for reflexsim: the connection (``--ray ADDRESS|local``), what a job or a served model
 reserves, and the env pool on actors. ``pip install reflexsim[ray]``; Ray is imported here, in
-:mod:`experiments.cluster`, in :mod:`experiments.serve` (replicas) and in :mod:`envs.ray_pool`
-only, when ``--ray`` asks for it.
+:mod:`experiments.cluster`, in :mod:`experiments.serve` (replicas), in :mod:`experiments.shards`
+(runner processes) and in :mod:`envs.ray_pool` only, when ``--ray`` asks for it.
 
 ``--ray ADDRESS`` connects to a running cluster (``auto``, ``host:port``, ``ray://host:10001``);
 ``--ray local`` starts a private one on this machine, for this command only. The code the

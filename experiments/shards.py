@@ -139,7 +139,7 @@ def player(cfg: RunConfig) -> Player:
         if cfg.cluster.harness_procs_on_ray:
             address = cfg.cluster.address
             assert address is not None  # the config's own check
-            launch = _OnRay(stack.enter_context(session(address)), len(deal(plan.games.tasks, n)))
+            launch = _OnRay(stack.enter_context(session(address)))
         return _Shards(plan, store, progress, n, launch).play
 
     return in_processes
@@ -282,27 +282,14 @@ class _OnRay:
     the run's store is one SQLite file, which only the processes of one machine may write.
     Watched through their calls; stopped by the board's word (killed after a grace)."""
 
-    def __init__(self, ray: Any, parts: int) -> None:
+    def __init__(self, ray: Any) -> None:
         from ray.util.queue import Queue  # lazily: ray is an optional extra
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         self.ray = ray
-        node = ray.get_runtime_context().get_node_id()
-        cpus = next(
-            (
-                n.get("Resources", {}).get("CPU", 0.0)
-                for n in alive_nodes(ray)
-                if n["NodeID"] == node
-            ),
-            0.0,
-        )
-        if cpus < parts:
-            raise ConfigError(
-                f"--harness-procs {parts} on Ray reserves a CPU for each process on this node, "
-                f"which has {cpus:g}: use fewer processes, or leave out --harness-procs-on-ray"
-            )
-        self.here = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
-        self.where = {"ray_node": node}
+        self.node = ray.get_runtime_context().get_node_id()
+        self.here = NodeAffinitySchedulingStrategy(node_id=self.node, soft=False)
+        self.where = {"ray_node": self.node}
         self.messages: Any = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": self.here})
         self.actors: list[Any] = []
         self.calls: list[Any] = []
@@ -312,6 +299,14 @@ class _OnRay:
         return None
 
     def start(self, jobs: list[ShardJob], board: Board) -> list[int]:
+        mine = [n for n in alive_nodes(self.ray) if n["NodeID"] == self.node]
+        cpus = mine[0].get("Resources", {}).get("CPU", 0.0) if mine else 0.0
+        if cpus < len(jobs):
+            raise ConfigError(
+                f"--harness-procs {len(jobs)} on Ray reserves a CPU for each process on this "
+                f"node, which has {cpus:g}: use fewer processes, or leave out "
+                "--harness-procs-on-ray"
+            )
         remote = self.ray.remote(_Actor).options(
             num_cpus=1, scheduling_strategy=self.here, max_restarts=0
         )
