@@ -10,14 +10,17 @@ start-up, imports and the game loads of the first resets fall out.
 Printed, as medians of ``--repeats`` measured side by side in one run:
 
 - runner CPU per step (user + system, ``getrusage(RUSAGE_SELF)`` of the child), in process and
-  served, beside the goals (0.5 ms and 1 ms) (the env workers' own CPU, ~4 ms an ALFWorld step,
-  is ``bench_fast_step.py``'s);
-- steps a second one runner process could drive at that cost (1 / CPU per step), and the H100
-  figure it must feed (~500 actor requests a second at batch 128);
+  served, beside the goals (0.5 ms and 1 ms), split in two: while the run plays (what keeps a
+  GPU fed: the child reads its CPU as ``RunSession.run``'s play, ``experiments.session.execute``,
+  begins and ends) and after it (the end report and the viewer's page, written once the model
+  is done), and the whole (the env workers' own CPU, ~4 ms an ALFWorld step, is
+  ``bench_fast_step.py``'s);
+- steps a second one runner process could drive while it plays (1 / CPU per step played), and
+  the H100 figure it must feed (~500 actor requests a second at batch 128);
 - with ``--parts`` (``pip install py-spy``): one more large run of each, sampled by py-spy (the
   thread holding the GIL, 1,000 a second), start-up and the end report left out, the samples
   split by part (the scripted model itself, store, HTTP client, tokenization, env client, prompt
-  building, event loop, agent and engine, other) as shares of the measured cost, and the
+  building, event loop, agent and engine, other) as shares of the cost while playing, and the
   harness alone (the cost less the scripted model's share).
 
     python benchmarks/bench_harness.py [--data DIR] [--small 8] [--large 64] [--repeats 3] [--parts]
@@ -39,22 +42,48 @@ sys.path.insert(0, str(ROOT))  # the loopback server: tests/support
 SPLIT = "eval_in_distribution"
 GOAL_MS = {"in process": 0.5, "served": 1.0}
 
-# The child: run the command line's entry, then print its own CPU seconds.
+# The child: run the command line's entry, then print its own CPU seconds: in all, and when the
+# run's play began and ended (the session's ``execute``, wrapped: start-up before it, the end
+# report after it).
 CHILD = r"""
 import json, resource, sys
+import experiments.session as session
+
+def cpu_s():
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_utime + u.ru_stime
+
+marks = {}
+play = session.execute
+
+def timed(*args, **kwargs):
+    marks["play_from"] = cpu_s()
+    try:
+        play(*args, **kwargs)
+    finally:
+        marks["play_to"] = cpu_s()
+
+session.execute = timed
 from experiments.cli import main
 code = main(json.loads(sys.argv[1]))
-u = resource.getrusage(resource.RUSAGE_SELF)
-print("BENCH " + json.dumps({"code": code, "cpu_s": u.ru_utime + u.ru_stime}))
+print("BENCH " + json.dumps({"code": code, "cpu_s": cpu_s(), **marks}))
 """
+PHASES = ("playing", "after (report)", "in all")
+
+
+def phases(out: dict) -> dict[str, float]:
+    """A child's CPU seconds while it played, after its play (the end report), and in all."""
+    played = out["play_to"] - out["play_from"]
+    return {PHASES[0]: played, PHASES[1]: out["cpu_s"] - out["play_to"], PHASES[2]: out["cpu_s"]}
 
 # What a frame of a sampled stack is part of, by its file; the innermost frame that names a part
 # decides (a generic frame, e.g. json or dataclasses, counts for the part of the frame that
 # called it). Checked in this order.
-FIXED = "start-up and report"  # once a run: imports, the end report's figures
+FIXED = "start-up and report"  # outside the play: imports, game discovery, the end report
 MODEL = "the model (scripted)"  # the stand-in for the GPU, not the harness
 PARTS = (
-    (FIXED, ("<frozen importlib", "experiments/report.py", "matplotlib/")),
+    (FIXED, ("<frozen importlib", "experiments/report.py", "experiments/viewer/", "matplotlib/",
+             "envs/discovery.py")),
     (MODEL, ("agents/llm/scripted.py",)),
     ("store (SQLite)", ("experiments/store.py", "sqlite3/")),
     ("HTTP client", ("aiohttp/", "aiohappyeyeballs/", "multidict/", "yarl/", "httpx/",
@@ -94,8 +123,9 @@ def run_child(args: list[str], sample_to: Path | None = None) -> dict:
 
 
 def sampled_parts(raw: Path) -> tuple[dict[str, int], dict[str, int]]:
-    """Samples by part, and by innermost frame, from py-spy's raw output (``--gil``: only the
-    thread holding the GIL is sampled, so a thread that waits is never counted)."""
+    """Samples by part, and by innermost frame (start-up and the end report left out), from
+    py-spy's raw output (``--gil``: only the thread holding the GIL is sampled, so a thread
+    that waits is never counted)."""
     parts: dict[str, int] = {}
     leaves: dict[str, int] = {}
     for line in raw.read_text().splitlines():
@@ -103,8 +133,11 @@ def sampled_parts(raw: Path) -> tuple[dict[str, int], dict[str, int]]:
         if not stack or not count.isdigit():
             continue
         frames = stack.split(";")
-        parts[part_of(frames)] = parts.get(part_of(frames), 0) + int(count)
-        leaves[frames[-1]] = leaves.get(frames[-1], 0) + int(count)
+        part = part_of(frames)
+        parts[part] = parts.get(part, 0) + int(count)
+        if part != FIXED:
+            leaf = frames[-1] or "(no Python frame)"
+            leaves[leaf] = leaves.get(leaf, 0) + int(count)
     return parts, leaves
 
 
@@ -146,28 +179,37 @@ def main() -> None:
     server = FaultServer(FaultPlan(), answer=text_policy("random")).start()
     try:
         modes = {"in process": None, "served": server.url}
-        per_step: dict[str, list[float]] = {m: [] for m in modes}
+        per_step: dict[tuple[str, str], list[float]] = {}
         for _ in range(args.repeats):  # side by side: each repeat runs every mode
             for mode, url in modes.items():
                 small, n_small = one_run(args.data, args.small, url)
                 large, n_large = one_run(args.data, args.large, url)
-                per_step[mode].append((large["cpu_s"] - small["cpu_s"]) / (n_large - n_small))
+                a, b = phases(small), phases(large)
+                for phase in PHASES:
+                    per_step.setdefault((mode, phase), []).append(
+                        (b[phase] - a[phase]) / (n_large - n_small)
+                    )
                 print(
                     f"  {mode}: {args.small} games {n_small} steps {small['cpu_s']:.2f} s CPU, "
-                    f"{args.large} games {n_large} steps {large['cpu_s']:.2f} s CPU",
+                    f"{args.large} games {n_large} steps {large['cpu_s']:.2f} s CPU "
+                    f"({b[PHASES[0]]:.2f} s of it playing)",
                     flush=True,
                 )
         print(
             f"\nrunner CPU per step (marginal, {args.small} -> {args.large} games), medians of {args.repeats}:"
         )
         print(
-            f"{'mode':<12} {'ms/step':>8} {'goal':>6} {'steps/s/process':>16}  (one H100: ~500/s)"
+            f"{'mode':<12} {'playing':>8} {'goal':>6} {'after':>7} {'in all':>7}"
+            f" {'steps/s/process':>16}  (one H100: ~500/s)"
         )
         medians = {}
-        for mode, xs in per_step.items():
-            ms = statistics.median(xs) * 1000
-            medians[mode] = ms
-            print(f"{mode:<12} {ms:>8.3f} {GOAL_MS[mode]:>6.1f} {1000 / ms:>16.0f}")
+        for mode in modes:
+            ms = {p: statistics.median(per_step[mode, p]) * 1000 for p in PHASES}
+            medians[mode] = ms[PHASES[0]]
+            print(
+                f"{mode:<12} {ms[PHASES[0]]:>8.3f} {GOAL_MS[mode]:>6.1f} {ms[PHASES[1]]:>7.3f}"
+                f" {ms[PHASES[2]]:>7.3f} {1000 / ms[PHASES[0]]:>16.0f}"
+            )
         if args.parts:
             with tempfile.TemporaryDirectory() as tmp:
                 for mode, url in modes.items():
@@ -178,7 +220,7 @@ def main() -> None:
                     total = sum(parts.values()) or 1
                     print(
                         f"\n{mode}: CPU by part ({args.large} games, py-spy; {fixed} samples of "
-                        f"start-up and the end report left out; shares of the cost above):"
+                        f"start-up and the end report left out; shares of the cost while playing):"
                     )
                     for name, c in sorted(parts.items(), key=lambda kv: -kv[1]):
                         ms = medians[mode] * c / total

@@ -7,6 +7,7 @@ always typed data and never text parsed back.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -72,7 +73,9 @@ def classify_end(
 
 class _Record:
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)  # type: ignore[call-overload]
+        """``dataclasses.asdict``'s answer, without its deep copy of each value (records are
+        frozen and their values immutable): a report's page converts every step and call."""
+        return {name: _plain(getattr(self, name)) for name in _field_names(type(self))}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Self:
@@ -81,6 +84,30 @@ class _Record:
         if unknown:
             raise ValueError(f"{cls.__name__}: unknown fields {sorted(unknown)}")
         return cls(**data)
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+_AS_IS = frozenset({str, int, float, bool, type(None)})
+
+
+def _plain(value: Any) -> Any:
+    """A record's value as ``asdict`` gives it: a nested record as its dict, a list, tuple or
+    dict with each item so, anything else as it is."""
+    if type(value) in _AS_IS:
+        return value
+    if isinstance(value, _Record):
+        return value.to_dict()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, list | tuple):
+        return type(value)(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    return value
 
 
 @dataclass(frozen=True)

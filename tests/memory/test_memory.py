@@ -1,7 +1,10 @@
+import dataclasses
+
 import pytest
 
 from agents.explore import extract_facts
 from memory import ExplorationFact, Reflection, Step, TaskMemory
+from memory.records import ModelCall, SentRequest
 
 
 def refl(trial, task="g"):
@@ -39,6 +42,20 @@ def test_records_round_trip():
     assert ExplorationFact.from_dict(f.to_dict()) == f
     with pytest.raises(ValueError):
         Step.from_dict({**s.to_dict(), "bogus": 1})
+
+
+def test_to_dict_is_asdicts_answer():
+    """``to_dict`` skips ``asdict``'s deep copy, and gives the same: a nested record as its dict,
+    tuples kept as tuples, a dict's values converted."""
+    sent = SentRequest(messages=(("user", "hi"), ("assistant", "ok")), params={"stop": ["\n"]})
+    call = ModelCall(
+        purpose="act", game="g", trial=1, sent=sent, alternatives=("a", "b"), step=3, id=7
+    )
+    for record in (call, SentRequest(prompt="p"), Step(0, "act", "x", "x", "o", won=True)):
+        assert record.to_dict() == dataclasses.asdict(record)
+    as_dict = call.to_dict()
+    assert as_dict["sent"]["messages"] == (("user", "hi"), ("assistant", "ok"))
+    assert isinstance(as_dict["alternatives"], tuple)
 
 
 def test_exploration_facts_from_observations():
