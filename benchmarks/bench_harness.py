@@ -76,6 +76,7 @@ def phases(out: dict) -> dict[str, float]:
     played = out["play_to"] - out["play_from"]
     return {PHASES[0]: played, PHASES[1]: out["cpu_s"] - out["play_to"], PHASES[2]: out["cpu_s"]}
 
+
 # What a frame of a sampled stack is part of, by its file; the innermost frame that names a part
 # decides (a generic frame, e.g. json or dataclasses, counts for the part of the frame that
 # called it). Checked in this order.

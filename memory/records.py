@@ -7,7 +7,6 @@ always typed data and never text parsed back.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -86,9 +85,14 @@ class _Record:
         return cls(**data)
 
 
-@functools.cache
+_NAMES: dict[type, tuple[str, ...]] = {}  # each record class's field names
+
+
 def _field_names(cls: type) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(cls))
+    names = _NAMES.get(cls)
+    if names is None:
+        names = _NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
 
 
 _AS_IS = frozenset({str, int, float, bool, type(None)})
