@@ -21,9 +21,14 @@ Printed, as medians of ``--repeats`` measured side by side in one run:
   thread holding the GIL, 1,000 a second), start-up and the end report left out, the samples
   split by part (the scripted model itself, store, HTTP client, tokenization, env client, prompt
   building, event loop, agent and engine, other) as shares of the cost while playing, and the
-  harness alone (the cost less the scripted model's share).
+  harness alone (the cost less the scripted model's share);
+- with ``--against DIR``: the same for another commit's checkout (``git worktree add DIR
+  COMMIT``), each repeat running both, and this tree's figures as ratios of its: on this noisy
+  machine a ratio measured side by side holds where an absolute time drifts by a third over a
+  day.
 
-    python benchmarks/bench_harness.py [--data DIR] [--small 8] [--large 64] [--repeats 3] [--parts]
+    python benchmarks/bench_harness.py [--data DIR] [--small 8] [--large 64] [--repeats 3]
+        [--parts] [--against DIR]
 """
 
 from __future__ import annotations
@@ -111,8 +116,9 @@ def part_of(stack: list[str]) -> str:
     return "other"
 
 
-def run_child(args: list[str], sample_to: Path | None = None) -> dict:
-    """Run the command in a child; with ``sample_to``, under py-spy (its raw stacks there)."""
+def run_child(args: list[str], sample_to: Path | None = None, root: Path = ROOT) -> dict:
+    """Run the command in a child (the code of the checkout ``root``); with ``sample_to``,
+    under py-spy (its raw stacks there)."""
     cmd = [sys.executable, "-c", CHILD, json.dumps(args)]
     if sample_to is not None:
         spy = Path(sys.executable).with_name("py-spy")
@@ -120,7 +126,7 @@ def run_child(args: list[str], sample_to: Path | None = None) -> dict:
             raise SystemExit("--parts samples with py-spy: pip install py-spy")
         sampling = ["record", "--gil", "-r", "1000", "-f", "raw", "-o", str(sample_to), "--"]
         cmd = [str(spy), *sampling, *cmd]
-    return child_result(cmd, ROOT)
+    return child_result(cmd, root)
 
 
 def sampled_parts(raw: Path) -> tuple[dict[str, int], dict[str, int]]:
@@ -150,7 +156,7 @@ def steps_of(run_dir: Path) -> int:
 
 
 def one_run(
-    data: Path, games: int, served: str | None, sample_to: Path | None = None
+    data: Path, games: int, served: str | None, sample_to: Path | None = None, root: Path = ROOT
 ) -> tuple[dict, int]:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
@@ -163,7 +169,7 @@ def one_run(
             args += ["--model", "scripted:random"]
         else:
             args += ["--model", "openai:standin", "--base-url", served]
-        out = run_child(args, sample_to)
+        out = run_child(args, sample_to, root)
         return out, steps_of(run_dir)
 
 
@@ -172,45 +178,66 @@ def main() -> None:
     parser.add_argument("--small", type=int, default=8)
     parser.add_argument("--large", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--parts", action="store_true", help="split the cost by part (cProfile)")
+    parser.add_argument("--parts", action="store_true", help="split the cost by part (py-spy)")
+    parser.add_argument(
+        "--against",
+        type=Path,
+        help="a checkout of another commit (git worktree add DIR COMMIT), measured side by side",
+    )
     args = parser.parse_args()
     from tests.support.fault_server import FaultPlan, FaultServer
     from tests.support.gpu_standin import text_policy
 
+    trees = {"this tree": ROOT}
+    if args.against is not None:
+        if not (args.against / "experiments" / "cli.py").is_file():
+            raise SystemExit(f"--against {args.against}: not a checkout of this project")
+        trees["against"] = args.against.resolve()
     server = FaultServer(FaultPlan(), answer=text_policy("random")).start()
     try:
         modes = {"in process": None, "served": server.url}
-        per_step: dict[tuple[str, str], list[float]] = {}
-        for _ in range(args.repeats):  # side by side: each repeat runs every mode
+        per_step: dict[tuple[str, str, str], list[float]] = {}
+        for _ in range(args.repeats):  # side by side: each repeat runs every mode of every tree
             for mode, url in modes.items():
-                small, n_small = one_run(args.data, args.small, url)
-                large, n_large = one_run(args.data, args.large, url)
-                a, b = phases(small), phases(large)
-                for phase in PHASES:
-                    per_step.setdefault((mode, phase), []).append(
-                        (b[phase] - a[phase]) / (n_large - n_small)
+                for tree, root in trees.items():
+                    small, n_small = one_run(args.data, args.small, url, root=root)
+                    large, n_large = one_run(args.data, args.large, url, root=root)
+                    a, b = phases(small), phases(large)
+                    for phase in PHASES:
+                        per_step.setdefault((tree, mode, phase), []).append(
+                            (b[phase] - a[phase]) / (n_large - n_small)
+                        )
+                    print(
+                        f"  {tree}, {mode}: {args.small} games {n_small} steps"
+                        f" {small['cpu_s']:.2f} s CPU, {args.large} games {n_large} steps"
+                        f" {large['cpu_s']:.2f} s CPU ({b[PHASES[0]]:.2f} s of it playing)",
+                        flush=True,
                     )
-                print(
-                    f"  {mode}: {args.small} games {n_small} steps {small['cpu_s']:.2f} s CPU, "
-                    f"{args.large} games {n_large} steps {large['cpu_s']:.2f} s CPU "
-                    f"({b[PHASES[0]]:.2f} s of it playing)",
-                    flush=True,
-                )
         print(
-            f"\nrunner CPU per step (marginal, {args.small} -> {args.large} games), medians of {args.repeats}:"
+            f"\nrunner CPU per step (marginal, {args.small} -> {args.large} games), ms, medians"
+            f" of {args.repeats}:"
         )
         print(
-            f"{'mode':<12} {'playing':>8} {'goal':>6} {'after':>7} {'in all':>7}"
+            f"{'tree':<10} {'mode':<11} {'playing':>8} {'goal':>6} {'after':>7} {'in all':>7}"
             f" {'steps/s/process':>16}  (one H100: ~500/s)"
         )
-        medians = {}
-        for mode in modes:
-            ms = {p: statistics.median(per_step[mode, p]) * 1000 for p in PHASES}
-            medians[mode] = ms[PHASES[0]]
-            print(
-                f"{mode:<12} {ms[PHASES[0]]:>8.3f} {GOAL_MS[mode]:>6.1f} {ms[PHASES[1]]:>7.3f}"
-                f" {ms[PHASES[2]]:>7.3f} {1000 / ms[PHASES[0]]:>16.0f}"
-            )
+        ms = {k: statistics.median(v) * 1000 for k, v in per_step.items()}
+        for tree in trees:
+            for mode in modes:
+                playing, after, whole = (ms[tree, mode, p] for p in PHASES)
+                print(
+                    f"{tree:<10} {mode:<11} {playing:>8.3f} {GOAL_MS[mode]:>6.1f} {after:>7.3f}"
+                    f" {whole:>7.3f} {1000 / playing:>16.0f}"
+                )
+        if len(trees) > 1:
+            print("\nthis tree / against (ratios of the medians):")
+            for mode in modes:
+                ratios = "  ".join(
+                    f"{p} {ms['this tree', mode, p] / ms['against', mode, p]:.2f}"
+                    for p in (PHASES[0], PHASES[2])
+                )
+                print(f"  {mode:<11} {ratios}")
+        medians = {mode: ms["this tree", mode, PHASES[0]] for mode in modes}
         if args.parts:
             with tempfile.TemporaryDirectory() as tmp:
                 for mode, url in modes.items():

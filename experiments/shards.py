@@ -17,8 +17,9 @@ same in any process.
 
 What stays the parent's, so that the run reads as one process's:
 
-- **budgets**: every process puts what it used on a board (a small file each process maps),
-  and each checks the run's total (what the store held at the start plus every process's share)
+- **budgets**: every process puts what it used on a board (a small file each process maps,
+  removed once all have mapped it: a parent killed with ``kill -9`` leaves no file behind), and
+  each checks the run's total (what the store held at the start plus every process's share)
   before each call;
 - **progress**: the processes send their steps, episodes and task ends to the parent in
   batches (a multiprocessing queue; on Ray, Ray's queue), which shows them as one run's;
@@ -195,11 +196,16 @@ class Board:
     def stopping(self) -> bool:
         return self._values[3 * self.parts] != 0
 
+    def unlink(self) -> None:
+        """Remove the file (the maps stay): once every process has mapped it, so that a parent
+        killed with ``kill -9`` leaves nothing in the temporary folder."""
+        self.path.unlink(missing_ok=True)
+
     def close(self, remove: bool = False) -> None:
         self._values.release()
         self._map.close()
         if remove:
-            self.path.unlink(missing_ok=True)
+            self.unlink()
 
 
 @dataclass(frozen=True)
@@ -362,6 +368,7 @@ class _Shards:
         self.used_before = store.token_totals()
         self.deadline = Budget(plan.cfg).deadline  # the run's, worked out once
         self.board = Board.create(len(self.parts))
+        self.mapped: set[int] = set()  # the processes that mapped the board
         self.task_done: Callable[[Task, bool, int], None] = lambda task, won, trial: None
 
     def _job(self, index: int, tasks: list[Task]) -> ShardJob:
@@ -415,6 +422,10 @@ class _Shards:
             kind, index, body = message
             if kind == "progress":
                 self._show(body)
+            elif kind == "mapped":
+                self.mapped.add(index)
+                if len(self.mapped) == len(self.parts):
+                    self.board.unlink()  # every process holds its map: nothing left to leak
             elif kind == "end":
                 how, detail = body
                 self.ends[index] = (how, detail)
@@ -524,6 +535,7 @@ def play_shard(job: ShardJob, messages: Any, board: Board) -> None:
         _die_with_parent()
         if os.getppid() != job.parent:  # the parent died before the line above
             return
+    messages.put(("mapped", job.index, None))  # the board was mapped as the job arrived
     how: tuple[str, str | None] = ("crashed", None)
     try:
         with RunLog(job.run_dir):  # its log lines (a crash's traceback too) go to run.log

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +103,30 @@ def test_sigterm_to_the_job_interrupts_every_process_and_resume_finishes_it(
     generated_games, one_process, tmp_path
 ):
     stopped_then_resumed(generated_games, one_process, tmp_path / "run", ["--harness-procs", "2"])
+
+
+def test_the_parent_killed_leaves_no_board_and_resume_finishes_it(
+    generated_games, one_process, tmp_path, monkeypatch
+):
+    """``kill -9`` of the run's own process: its runner processes end with it, the board they
+    shared is gone from the temporary folder (removed once every process mapped it), and
+    ``--resume`` gives the uninterrupted run's store."""
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))  # the run's, inherited
+    run_dir = tmp_path / "run"
+    proc = start(*args_of(generated_games), "--harness-procs", "2", "--run-dir", str(run_dir))
+    wait_for_steps(proc, run_dir, 3)
+    pids = _pids(run_dir)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+    deadline = time.monotonic() + 60
+    while any(Path(f"/proc/{pid}").exists() for pid in pids):
+        assert time.monotonic() < deadline, "a runner process outlived its parent by 60 s"
+        time.sleep(0.05)
+    assert not list(temp.glob("reflexsim-shards-*"))
+    assert main(["run", "--resume", str(run_dir)]) == 0
+    assert_same_store(one_process, run_dir)
 
 
 def test_a_token_budget_counts_every_process(generated_games, tmp_path):
