@@ -25,7 +25,8 @@ Printed, as medians of ``--repeats`` measured side by side in one run:
 - with ``--against DIR``: the same for another commit's checkout (``git worktree add DIR
   COMMIT``), each repeat running both, and this tree's figures as ratios of its: on this noisy
   machine a ratio measured side by side holds where an absolute time drifts by a third over a
-  day.
+  day. Its code runs in this venv, so the venv needs what that commit needs (the commit before
+  the work on the harness, ``9ba29d6``: ``pip install tenacity``).
 
     python benchmarks/bench_harness.py [--data DIR] [--small 8] [--large 64] [--repeats 3]
         [--parts] [--against DIR]
