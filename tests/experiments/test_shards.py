@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -108,15 +110,22 @@ def test_sigterm_to_the_job_interrupts_every_process_and_resume_finishes_it(
 def test_the_parent_killed_leaves_no_board_and_resume_finishes_it(
     generated_games, one_process, tmp_path, monkeypatch
 ):
-    """``kill -9`` of the run's own process: its runner processes end with it, the board they
-    shared is gone from the temporary folder (removed once every process mapped it), and
-    ``--resume`` gives the uninterrupted run's store."""
-    temp = tmp_path / "temp"
-    temp.mkdir()
-    monkeypatch.setenv("TMPDIR", str(temp))  # the run's, inherited
+    """The board the processes share leaves the temporary folder once every process has mapped
+    it (the parent hears so within a moment of their start), so ``kill -9`` of the run's own
+    process leaves nothing there; its runner processes end with it, and ``--resume`` gives the
+    uninterrupted run's store."""
+    # the run's, inherited; short: multiprocessing's forkserver puts a socket in it, and a
+    # socket's path must stay under ~108 characters
+    temp = Path(tempfile.mkdtemp(prefix="rs-"))
+    monkeypatch.setenv("TMPDIR", str(temp))
     run_dir = tmp_path / "run"
     proc = start(*args_of(generated_games), "--harness-procs", "2", "--run-dir", str(run_dir))
     wait_for_steps(proc, run_dir, 3)
+    deadline = time.monotonic() + 60
+    while list(temp.glob("reflexsim-shards-*")):  # the parent reads the processes' word
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "the board was still there 60 s into the run"
+        time.sleep(0.02)
     pids = _pids(run_dir)
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=60)
@@ -125,6 +134,7 @@ def test_the_parent_killed_leaves_no_board_and_resume_finishes_it(
         assert time.monotonic() < deadline, "a runner process outlived its parent by 60 s"
         time.sleep(0.05)
     assert not list(temp.glob("reflexsim-shards-*"))
+    shutil.rmtree(temp, ignore_errors=True)
     assert main(["run", "--resume", str(run_dir)]) == 0
     assert_same_store(one_process, run_dir)
 
